@@ -1,0 +1,3 @@
+"""jaxdp: differentially private machine learning in JAX."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,171 @@
+"""Poisson sampling with a static padded batch shape, as the accountant assumes.
+
+The DP-SGD accountant (``jaxdp.accounting.dpsgd``; dp_accounting's
+``PoissonSampledDpEvent``) analyses privacy amplification by POISSON sampling:
+at every step each of the N examples joins the batch independently with
+probability q, so the batch size is Binomial(N, q) and varies from step to
+step (paper ``000_tradeoffs_of_private_prediction.md`` Section 3.1 cites the
+amplification theorem; survey ``004_dp_machine_learning_survey.md`` Section 4.2
+Algorithm 1 line 3 "take a random sample ... with sampling probability b/n").
+Shuffling into fixed-size batches is a DIFFERENT mechanism whose guarantee the
+Poisson accountant does not give.
+
+Under ``jax.jit`` shapes must be static, so a sampled batch is stored as P
+indices plus a 0/1 mask: slots beyond the realised size are padding, masked
+out of the clipped sum (they contribute exactly zero). P is chosen from the
+binomial tail so that a batch exceeds it with probability at most
+``overflow_prob`` (default 1e-9):
+
+  P = min { k : Pr[Binomial(N, q) > k] <= overflow_prob }   (float64, scipy).
+
+Overflow (a batch larger than P) is handled honestly, never by truncating the
+batch (which would silently drop examples and break the Poisson model):
+
+* ``on_overflow="split"`` (default): the batch is returned as several padded
+  chunks of size P; summing their clipped sums gives exactly the Poisson
+  batch's sum, so the accountant's assumption holds with no extra delta. This
+  is also how gradient accumulation over a large logical batch works.
+* ``on_overflow="raise"``: :class:`BatchOverflowError` is raised before any
+  gradient of that batch is computed. Aborting reveals that a batch was large,
+  an event of probability <= ``overflow_prob`` per step; a conservative
+  guarantee adds ``steps * overflow_prob`` to delta.
+
+Resampling an oversized batch is NOT offered: it conditions the sample on its
+size and changes the mechanism the accountant analyses.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from scipy import stats
+
+from jaxdp import _validation
+
+
+class BatchOverflowError(RuntimeError):
+  """A Poisson batch exceeded the padded size with ``on_overflow="raise"``."""
+
+
+class PaddedBatch(NamedTuple):
+  """One static-shape chunk of a Poisson batch.
+
+  Attributes:
+    indices: (P,) int32 example indices; padding slots hold index 0.
+    mask: (P,) bool, True for real examples.
+  """
+
+  indices: np.ndarray
+  mask: np.ndarray
+
+  @property
+  def num_examples(self) -> int:
+    return int(self.mask.sum())
+
+
+def padded_batch_size(num_examples: int, sample_rate: float, overflow_prob: float = 1e-9,
+                      multiple_of: int = 1) -> int:
+  """Smallest P with ``Pr[Binomial(N, q) > P] <= overflow_prob``, rounded up.
+
+  Computed in float64 with scipy's binomial survival function, then rounded up
+  to a multiple of ``multiple_of`` (e.g. the number of devices).
+
+  >>> padded_batch_size(60_000, 256 / 60_000)
+  357
+  """
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  q = _validation.check_sample_rate(sample_rate)
+  p = _validation._as_float(overflow_prob, "overflow_prob")
+  if not 0.0 < p < 1.0:
+    raise ValueError(f"overflow_prob must be in (0, 1), got {p}.")
+  m = _validation.check_positive_int(multiple_of, "multiple_of")
+  if q == 1.0:
+    k = n
+  else:
+    k = int(max(0.0, stats.binom.isf(p, n, q)))
+    while k < n and stats.binom.sf(k, n, q) > p:
+      k += 1
+    while k > 0 and stats.binom.sf(k - 1, n, q) <= p:
+      k -= 1
+  k = max(k, 1)
+  return int(math.ceil(k / m) * m)
+
+
+def poisson_sample_indices(key: jax.Array, num_examples: int, sample_rate: float) -> np.ndarray:
+  """Indices of a Poisson sample: each example kept independently w.p. q.
+
+  Drawn with ``jax.random.bernoulli(key, q, (N,))``; returned as host int32.
+  """
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  q = _validation.check_sample_rate(sample_rate)
+  keep = np.asarray(jax.random.bernoulli(key, q, (n,)))
+  return np.flatnonzero(keep).astype(np.int32)
+
+
+def pad_and_split(indices: np.ndarray, padded_size: int,
+                  on_overflow: str = "split") -> list[PaddedBatch]:
+  """Pads sampled indices to chunks of static size P (see module docstring).
+
+  An empty sample gives one all-masked chunk: the DP-SGD step must still run
+  and add noise, because the accountant counts every step.
+  """
+  p = _validation.check_positive_int(padded_size, "padded_size")
+  if on_overflow not in ("split", "raise"):
+    raise ValueError(f"on_overflow must be 'split' or 'raise', got {on_overflow!r}.")
+  indices = np.asarray(indices, dtype=np.int32)
+  n = indices.shape[0]
+  if n > p and on_overflow == "raise":
+    raise BatchOverflowError(
+        f"Poisson batch of {n} examples exceeds the padded size {p}; with "
+        "on_overflow='raise' training stops here (see jaxdp.training.dpsgd.sampling).")
+  n_chunks = max(1, -(-n // p))
+  padded = np.zeros(n_chunks * p, np.int32)
+  padded[:n] = indices
+  mask = np.zeros(n_chunks * p, bool)
+  mask[:n] = True
+  return [PaddedBatch(padded[i * p:(i + 1) * p], mask[i * p:(i + 1) * p])
+          for i in range(n_chunks)]
+
+
+class PoissonSampler:
+  """Poisson sampler returning static-shape padded chunks.
+
+  Args:
+    num_examples: dataset size N.
+    sample_rate: q in (0, 1].
+    padded_size: chunk size P; default :func:`padded_batch_size` at
+      ``overflow_prob``. A smaller P (a "physical batch") turns large logical
+      batches into several accumulated chunks (gradient accumulation).
+    overflow_prob: target overflow probability for the default P.
+    on_overflow: ``"split"`` or ``"raise"`` (see module docstring).
+    multiple_of: round P up to a multiple of this (number of devices).
+  """
+
+  def __init__(self, num_examples: int, sample_rate: float, *, padded_size: int | None = None,
+               overflow_prob: float = 1e-9, on_overflow: str = "split", multiple_of: int = 1):
+    self.num_examples = _validation.check_positive_int(num_examples, "num_examples")
+    self.sample_rate = _validation.check_sample_rate(sample_rate)
+    m = _validation.check_positive_int(multiple_of, "multiple_of")
+    if padded_size is None:
+      padded_size = padded_batch_size(self.num_examples, self.sample_rate, overflow_prob, m)
+    else:
+      padded_size = _validation.check_positive_int(padded_size, "padded_size")
+      if padded_size % m:
+        raise ValueError(f"padded_size must be a multiple of multiple_of={m}, got {padded_size}.")
+    if on_overflow not in ("split", "raise"):
+      raise ValueError(f"on_overflow must be 'split' or 'raise', got {on_overflow!r}.")
+    self.padded_size = int(padded_size)
+    self.on_overflow = on_overflow
+
+  @property
+  def expected_batch_size(self) -> float:
+    """q N: the constant the noisy sum is divided by."""
+    return self.sample_rate * self.num_examples
+
+  def sample(self, key: jax.Array) -> list[PaddedBatch]:
+    """One Poisson batch as a list of padded chunks (at least one)."""
+    idx = poisson_sample_indices(key, self.num_examples, self.sample_rate)
+    return pad_and_split(idx, self.padded_size, self.on_overflow)

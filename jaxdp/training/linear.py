@@ -1,0 +1,255 @@
+"""Regularised ERM for linear models (softmax, binary logistic, Huberized hinge).
+
+Objective (paper 000 Eq. 2/5 with R(theta) = 1/2 ||theta||_F^2, plus the extra
+terms that objective/loss perturbation adds):
+
+.. math::
+   J(\theta) = \frac{1}{N}\sum_{n=1}^N \ell(\theta^\top x_n, y_n)
+     + \frac{\lambda}{2}\|\theta\|_F^2 + \langle b, \theta\rangle
+     + \frac{\lambda_{extra}}{2}\|\theta\|_F^2 ,
+
+with ``l2_reg = lambda``, ``linear_term = b`` and ``extra_l2 = lambda_extra``.
+The regulariser 1/2 ||theta||^2 is 1-strongly convex (paper 000 Assumption 2),
+so the minimiser has replace-one sensitivity 2K/(N lambda) (paper 000 Lemma 1).
+Paper 003 writes the same objective as (1/n) sum [f + c ||theta||^2], i.e.
+``c = lambda / 2``.
+
+Shapes: softmax weights are ``(D, C)`` and labels integers in ``[0, C)``;
+binary losses (``"logistic"``, ``"huber"``) use weights ``(D,)`` and labels in
+``{0, 1}`` or ``{-1, 1}`` (label 1 is the positive class; the margin is
+``z = s w^T x`` with ``s = +1`` for label 1 and ``-1`` otherwise).
+
+No bias: append a constant feature with :func:`append_bias_feature` (it keeps
+rows in the unit ball).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdp import _validation
+from jaxdp.training import linear_losses
+from jaxdp.training.lbfgs import SolverInfo, minimize_lbfgs
+
+
+class LinearModel(NamedTuple):
+  """Weights ``(D, C)`` (softmax) or ``(D,)`` (binary) and the solver diagnostics."""
+
+  weights: jax.Array
+  info: SolverInfo
+
+
+def _is_traced(x: Any) -> bool:
+  return isinstance(x, jax.core.Tracer)
+
+
+def check_features(x: Any, name: str = "x", normalize: bool = False) -> np.ndarray | jax.Array:
+  """Checks rows of ``x`` are finite and in the unit L2 ball (or projects them).
+
+  With ``normalize=True`` rows with norm > 1 are divided by their norm (the
+  projection of :func:`jaxdp.data.normalize_rows` style helpers). Tracers are
+  passed through unchecked (validate before ``jax.vmap``/``jax.jit``).
+  """
+  if _is_traced(x):
+    return x
+  arr = _validation.check_finite_array(x, name)
+  if arr.ndim != 2:
+    raise ValueError(f"{name} must be a 2-D array (N, D), got shape {arr.shape}.")
+  if normalize:
+    arr = np.asarray(arr, dtype=np.float32)
+    norms = np.linalg.norm(arr, axis=1, keepdims=True)
+    arr = arr / np.maximum(norms, 1.0)
+  return _validation.check_unit_ball(arr, name)
+
+
+def check_labels(y: Any, loss: str, num_classes: int | None, n: int, name: str = "y") -> Any:
+  """Checks labels match the loss: ints in [0, C) (softmax) or {0,1}/{-1,1} (binary)."""
+  if _is_traced(y):
+    return y
+  arr = _validation.check_finite_array(y, name)
+  if arr.ndim != 1 or arr.shape[0] != n:
+    raise ValueError(f"{name} must have shape ({n},), got {arr.shape}.")
+  if loss == "softmax":
+    if num_classes is None:
+      raise ValueError("num_classes must be given for the softmax loss.")
+    if arr.size and (np.any(arr != np.round(arr)) or arr.min() < 0 or arr.max() >= num_classes):
+      raise ValueError(f"{name} must hold integer labels in [0, {num_classes}).")
+    return arr.astype(np.int32)
+  values = set(np.unique(arr).tolist())
+  if not (values <= {0, 1} or values <= {-1, 1}):
+    raise ValueError(f"{name} must hold binary labels in {{0, 1}} or {{-1, 1}}, got {sorted(values)[:5]}.")
+  return arr.astype(np.float32)
+
+
+def append_bias_feature(x: Any) -> np.ndarray:
+  """Returns ``[x, 1] / sqrt(2)``: a constant feature for a bias, rows stay in the unit ball."""
+  arr = np.asarray(x, dtype=np.float32)
+  return np.concatenate([arr, np.ones((arr.shape[0], 1), arr.dtype)], axis=1) / np.sqrt(2.0)
+
+
+def linear_logits(weights: jax.Array, x: jax.Array) -> jax.Array:
+  """``x @ W``: logits ``(N, C)`` for softmax weights or margins-before-label ``(N,)`` for binary."""
+  return jnp.asarray(x) @ weights
+
+
+def predict_labels(weights: jax.Array, x: jax.Array) -> jax.Array:
+  """Argmax class ``(N,)`` for ``(D, C)`` weights; ``{0, 1}`` (score >= 0) for ``(D,)`` weights."""
+  scores = linear_logits(weights, x)
+  if weights.ndim == 1:
+    return (scores >= 0).astype(jnp.int32)
+  return jnp.argmax(scores, axis=-1)
+
+
+def data_loss(weights: jax.Array, x: jax.Array, y: jax.Array, *, loss: str = "softmax",
+              h: float | jax.Array = 0.5) -> jax.Array:
+  """Mean per-example loss ``(1/N) sum_n l(theta^T x_n, y_n)``."""
+  scores = x @ weights
+  if loss == "softmax":
+    return jnp.mean(linear_losses.softmax_cross_entropy(scores, y))
+  signs = jnp.where(y > 0, 1.0, -1.0).astype(scores.dtype)
+  if loss == "logistic":
+    return jnp.mean(linear_losses.binary_logistic(signs * scores))
+  return jnp.mean(linear_losses.huberized_hinge(signs * scores, h))
+
+
+def linear_objective(weights: jax.Array, x: jax.Array, y: jax.Array, *, loss: str = "softmax",
+                     l2_reg: float | jax.Array = 0.0, h: float | jax.Array = 0.5,
+                     linear_term: jax.Array | None = None,
+                     extra_l2: float | jax.Array = 0.0) -> jax.Array:
+  r""":math:`J(\theta)` of the module docstring."""
+  sq = jnp.sum(weights * weights)
+  value = data_loss(weights, x, y, loss=loss, h=h) + 0.5 * (l2_reg + extra_l2) * sq
+  if linear_term is not None:
+    value = value + jnp.sum(linear_term * weights)
+  return value
+
+
+@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear"))
+def _fit(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear):
+  d = x.shape[-1]
+  shape = (d, num_classes) if loss == "softmax" else (d,)
+  init = jnp.zeros(shape, x.dtype)
+  fun = lambda w: linear_objective(w, x, y, loss=loss, l2_reg=l2_reg, h=h,
+                                   linear_term=linear_term if has_linear else None,
+                                   extra_l2=extra_l2)
+  w, info = minimize_lbfgs(fun, init, max_iter=max_iter, tol=tol)
+  return LinearModel(w, info)
+
+
+def _check_common(loss, num_classes, l2_reg, extra_l2, h, max_iter, tol):
+  linear_losses.check_loss(loss)
+  if loss == "softmax":
+    num_classes = _validation.check_positive_int(num_classes, "num_classes")
+    if num_classes < 2:
+      raise ValueError(f"num_classes must be >= 2, got {num_classes}.")
+  else:
+    num_classes = 2 if num_classes is None else num_classes
+  if not _is_traced(l2_reg):
+    _validation.check_nonnegative(l2_reg, "l2_reg")
+  if not _is_traced(extra_l2):
+    _validation.check_nonnegative(extra_l2, "extra_l2")
+  if loss == "huber" and not _is_traced(h):
+    _validation.check_positive(h, "h")
+  _validation.check_positive_int(max_iter, "max_iter")
+  if not _is_traced(tol):
+    _validation.check_positive(tol, "tol")
+  return num_classes
+
+
+def fit_linear(
+    x: Any,
+    y: Any,
+    *,
+    num_classes: int | None = None,
+    l2_reg: float | jax.Array,
+    loss: str = "softmax",
+    h: float | jax.Array = 0.5,
+    max_iter: int = 500,
+    tol: float | jax.Array = 1e-6,
+    linear_term: jax.Array | None = None,
+    extra_l2: float | jax.Array = 0.0,
+    normalize: bool = False,
+) -> LinearModel:
+  r"""Minimises :math:`J(\theta)` (module docstring) with jitted L-BFGS.
+
+  Inputs are validated on the host (rows in the unit L2 ball, labels in range,
+  no NaN); traced inputs (inside ``jax.vmap``/``jit``) skip the host checks,
+  so validate before transforming or use :func:`fit_linear_batched`.
+
+  Args:
+    x: ``(N, D)`` features with ``||x_n||_2 <= 1`` (see ``normalize``).
+    y: ``(N,)`` labels (see module docstring).
+    num_classes: ``C`` for the softmax loss.
+    l2_reg: ``lambda >= 0``.
+    loss: ``"softmax"``, ``"logistic"`` or ``"huber"``.
+    h: Huberized hinge width (``loss="huber"``).
+    max_iter: L-BFGS iteration cap.
+    tol: gradient-norm tolerance.
+    linear_term: optional ``b`` with the weights' shape (objective perturbation).
+    extra_l2: optional extra L2 coefficient (objective perturbation).
+    normalize: project rows with norm > 1 onto the unit sphere instead of raising.
+
+  Returns:
+    :class:`LinearModel`.
+  """
+  num_classes = _check_common(loss, num_classes, l2_reg, extra_l2, h, max_iter, tol)
+  x = check_features(x, "x", normalize=normalize)
+  y = check_labels(y, loss, num_classes, np.shape(x)[0])
+  has_linear = linear_term is not None
+  if not has_linear:
+    linear_term = jnp.zeros((), jnp.float32)
+  elif not _is_traced(linear_term):
+    _validation.check_finite_array(linear_term, "linear_term")
+  return _fit(jnp.asarray(x, jnp.float32), jnp.asarray(y), l2_reg, h, jnp.asarray(linear_term),
+              extra_l2, tol, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter),
+              has_linear=has_linear)
+
+
+def fit_linear_batched(
+    xs: Any,
+    ys: Any,
+    *,
+    num_classes: int | None = None,
+    l2_reg: float | jax.Array,
+    loss: str = "softmax",
+    h: float | jax.Array = 0.5,
+    max_iter: int = 500,
+    tol: float | jax.Array = 1e-6,
+    linear_term: jax.Array | None = None,
+    extra_l2: float | jax.Array = 0.0,
+) -> LinearModel:
+  """``jax.vmap(fit_linear)`` over a leading axis: ``xs (M, N, D)``, ``ys (M, N)``.
+
+  For T teachers / M parties / bootstrap replicates on equal-size subsets.
+  ``l2_reg``, ``extra_l2`` and ``linear_term`` may be scalars/unbatched (shared)
+  or carry the leading ``M`` axis (one per problem). All inputs are validated
+  on the host first. Returns a :class:`LinearModel` whose leaves have leading
+  axis ``M``.
+  """
+  num_classes = _check_common(loss, num_classes, 0.0, 0.0, h, max_iter, tol)
+  xs_np = _validation.check_finite_array(xs, "xs")
+  if xs_np.ndim != 3:
+    raise ValueError(f"xs must have shape (M, N, D), got {xs_np.shape}.")
+  m, n, _ = xs_np.shape
+  _validation.check_unit_ball(xs_np.reshape(m * n, -1), "xs")
+  ys_np = check_labels(np.asarray(ys).reshape(-1), loss, num_classes, m * n, "ys").reshape(m, n)
+  l2 = np.asarray(l2_reg, np.float32)
+  ex = np.asarray(extra_l2, np.float32)
+  if np.any(~np.isfinite(l2)) or np.any(l2 < 0):
+    raise ValueError("l2_reg must be finite and >= 0.")
+  if np.any(~np.isfinite(ex)) or np.any(ex < 0):
+    raise ValueError("extra_l2 must be finite and >= 0.")
+  has_linear = linear_term is not None
+  w_shape = (xs_np.shape[2], num_classes) if loss == "softmax" else (xs_np.shape[2],)
+  lin = jnp.zeros((), jnp.float32) if not has_linear else jnp.asarray(
+      _validation.check_finite_array(linear_term, "linear_term"), jnp.float32)
+  lin_axis = 0 if has_linear and lin.ndim == len(w_shape) + 1 else None
+  fit = lambda x, y, l, e, b: _fit(x, y, l, h, b, e, tol, loss=loss, num_classes=int(num_classes),
+                                   max_iter=int(max_iter), has_linear=has_linear)
+  return jax.vmap(fit, in_axes=(0, 0, 0 if l2.ndim else None, 0 if ex.ndim else None, lin_axis))(
+      jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), jnp.asarray(l2), jnp.asarray(ex), lin)

@@ -1,0 +1,21 @@
+"""Shared pytest fixtures."""
+
+import os
+import pathlib
+
+import jax
+import pytest
+
+jax.config.update("jax_enable_x64", False)
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> pathlib.Path:
+  """Directory of the offline datasets, from the JAXDP_DATA_DIR environment variable."""
+  value = os.environ.get("JAXDP_DATA_DIR")
+  if not value:
+    pytest.skip("JAXDP_DATA_DIR is not set; it must point at the offline datasets (shared/data).")
+  path = pathlib.Path(value)
+  if not path.is_dir():
+    pytest.skip(f"JAXDP_DATA_DIR={value} is not a directory.")
+  return path
