@@ -234,6 +234,8 @@ class PrivacyAccountant:
       UnsupportedEventError: if ``method`` cannot bound some event in the ledger.
     """
     delta = _validation.check_delta(delta)
+    if method != "auto" and method not in METHODS:
+      raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
     if method == "auto":
       bounds = []
       for m in (("pure",) if delta == 0 else METHODS):
@@ -259,7 +261,7 @@ class PrivacyAccountant:
       rho = self.zcdp_rho()
       if rho == 0.0:
         return 0.0
-      if delta == 0.0:
+      if delta == 0.0 or math.isinf(rho):
         return math.inf
       return zcdp.zcdp_to_approx_dp_tight(rho, delta)
     if method in ("rdp", "pld"):

@@ -84,9 +84,17 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
   def make_event(z: float) -> events.DpEvent:
     return dpsgd_event(z, sample_rate, steps)
 
-  z = dp_accounting.calibrate_dp_mechanism(
-      lambda: make_accountant(accountant), make_event, target_epsilon, delta,
+  # RDP is cheap and never tighter than PLD, so its answer brackets PLD's from
+  # above; starting PLD from tiny multipliers would need enormous grids.
+  z_rdp = dp_accounting.calibrate_dp_mechanism(
+      lambda: make_accountant("rdp"), make_event, target_epsilon, delta,
       bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-3, 1.0), tol=tol)
+  if accountant == "rdp":
+    z = z_rdp
+  else:
+    z = dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant), make_event, target_epsilon, delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(0.5 * z_rdp, z_rdp + tol), tol=tol)
   z = float(z)
   for _ in range(10_000):
     if dpsgd_epsilon(z, sample_rate, steps, delta, accountant) <= target_epsilon:

@@ -61,7 +61,7 @@ SOFTMAX_LIPSCHITZ = math.sqrt(2.0)
 GAUSSIAN_METHODS = ("basic", "advanced", "best", "exact_gaussian_composition")
 
 
-def prediction_sensitivity(
+def logit_sensitivity(
     num_examples: int,
     l2_reg: float,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
@@ -96,7 +96,7 @@ def l2_laplace_prediction_beta(
   """
   eps = _validation.check_epsilon(epsilon)
   b = _validation.check_positive_int(budget, "budget")
-  return eps / (b * prediction_sensitivity(num_examples, l2_reg, lipschitz))
+  return eps / (b * logit_sensitivity(num_examples, l2_reg, lipschitz))
 
 
 def gaussian_prediction_sigma(
@@ -122,13 +122,13 @@ def gaussian_prediction_sigma(
     epsilon: total epsilon in (0, inf).
     delta: total delta in (0, 1).
     budget: number of queries B >= 1.
-    num_examples, l2_reg, lipschitz: see :func:`prediction_sensitivity`.
+    num_examples, l2_reg, lipschitz: see :func:`logit_sensitivity`.
     method: one of :data:`GAUSSIAN_METHODS`.
   """
   eps = _validation.check_epsilon(epsilon)
   dlt = _validation.check_delta(delta, allow_zero=False)
   b = _validation.check_positive_int(budget, "budget")
-  sens = prediction_sensitivity(num_examples, l2_reg, lipschitz)
+  sens = logit_sensitivity(num_examples, l2_reg, lipschitz)
   if method == "exact_gaussian_composition":
     return float(_analytic.analytic_gaussian_sigma(eps, dlt, sens * math.sqrt(b)))
   if method not in ("basic", "advanced", "best"):
@@ -180,7 +180,7 @@ def calibrate_prediction_sensitivity(
 ) -> PredictionSensitivityCalibration:
   """Picks the noise: L2-Laplace (Alg. 6) if ``delta == 0``, else Gaussian (Alg. 7)."""
   dlt = _validation.check_delta(delta)
-  sens = prediction_sensitivity(num_examples, l2_reg, lipschitz)
+  sens = logit_sensitivity(num_examples, l2_reg, lipschitz)
   b = _validation.check_positive_int(budget, "budget")
   eps = _validation.check_epsilon(epsilon)
   if dlt == 0.0:
@@ -240,5 +240,5 @@ __all__ = [
     "GAUSSIAN_METHODS", "PredictionSensitivityCalibration", "SOFTMAX_LIPSCHITZ",
     "calibrate_prediction_sensitivity", "gaussian_prediction_sigma",
     "l2_laplace_prediction_beta", "noisy_logits", "noisy_logits_from_keys",
-    "prediction_sensitivity",
+    "logit_sensitivity",
 ]

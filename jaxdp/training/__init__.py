@@ -1,0 +1,1 @@
+from jaxdp.training import dpsgd

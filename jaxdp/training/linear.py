@@ -253,3 +253,45 @@ def fit_linear_batched(
                                    max_iter=int(max_iter), has_linear=has_linear)
   return jax.vmap(fit, in_axes=(0, 0, 0 if l2.ndim else None, 0 if ex.ndim else None, lin_axis))(
       jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), jnp.asarray(l2), jnp.asarray(ex), lin)
+
+
+class PrivateLinearModel(NamedTuple):
+  """Output of a private training method.
+
+  Attributes:
+    weights: released (private) weights; a leading axis ``M`` when ``M`` keys were given.
+    info: solver diagnostics of the fit(s) (for output perturbation: of the
+      non-private fit, before noise).
+    event: the DpEvent describing the guarantee (spend it in a
+      :class:`jaxdp.accounting.PrivacyAccountant`; one event per released
+      model: ``M`` keys release ``M`` models, i.e. ``count=M``).
+    calibration: the host-side (float64) calibration the noise was drawn with.
+  """
+
+  weights: jax.Array
+  info: SolverInfo
+  event: Any
+  calibration: Any
+
+
+def is_key_batch(key: Any) -> bool:
+  """True for a batch of keys: typed keys with ndim >= 1 or raw uint32 keys with ndim 2."""
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+    return key.ndim >= 1
+  return key.ndim == 2
+
+
+def require_converged(info: SolverInfo, method: str) -> None:
+  """Raises RuntimeError (releasing nothing) if any fit did not reach the gradient tolerance.
+
+  Perturbed-objective and output-perturbation guarantees hold at the exact
+  minimiser; a non-converged iterate carries no guarantee.
+  """
+  conv = np.asarray(info.converged)
+  if not np.all(conv):
+    worst = float(np.max(np.asarray(info.grad_norm)))
+    raise RuntimeError(
+        f"{method}: L-BFGS did not reach the gradient tolerance in {int(np.sum(~conv))} of "
+        f"{conv.size} fit(s) (largest gradient norm {worst:.3g}); the privacy guarantee only holds "
+        "at the minimiser, so nothing is released. Increase max_iter or tol.")

@@ -94,11 +94,14 @@ class ClippedGradFn:
     l2_clip_norm: the clip norm given (a float or a pytree of per-group norms).
     per_layer: whether group-wise clipping is used.
     microbatch_size: examples processed per vectorised chunk (None: all at once).
+    batch_argnums: positional arguments that carry the batch axis.
   """
 
   def __init__(self, fn: Callable[..., Any], sensitivity: float, l2_clip_norm: Any,
-               per_layer: bool, microbatch_size: int | None):
+               per_layer: bool, microbatch_size: int | None,
+               batch_argnums: tuple[int, ...] = (1,)):
     self._fn = fn
+    self.batch_argnums = batch_argnums
     self.sensitivity = sensitivity
     self.l2_clip_norm = l2_clip_norm
     self.per_layer = per_layer
@@ -333,4 +336,4 @@ def clipped_grad(
                            num_examples=jnp.sum(mask), aux=aux if has_aux else None)
     return gsum, info
 
-  return ClippedGradFn(fn, sensitivity, l2_clip_norm, per_layer, microbatch_size)
+  return ClippedGradFn(fn, sensitivity, l2_clip_norm, per_layer, microbatch_size, batch_argnums)

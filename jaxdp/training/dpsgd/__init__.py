@@ -1,0 +1,24 @@
+"""DP-SGD for Flax models (paper 000 Section 3.1 Equation 4; survey 004 Section 4.2 Algorithm 1).
+
+* :func:`clipped_grad` -- sum of per-example clipped gradients (vmap), with ``.sensitivity``;
+* :func:`noisy_aggregate` / :func:`dpsgd` / :func:`dp_optimizer` -- optax transforms adding
+  ``N(0, (sigma S)^2)`` to the SUM and dividing by the expected batch size ``q N``;
+* :class:`PoissonSampler` -- Poisson sampling with static padded chunks and honest overflow;
+* :func:`train_dpsgd` -- calibrate, train, account (linen or nnx models);
+* :func:`data_parallel_clipped_grad` -- shard_map data parallelism, noise added once.
+"""
+
+from jaxdp.training.dpsgd.clipping import ClippedGradFn, ClippedGradInfo, clipped_grad, per_layer_sensitivity
+from jaxdp.training.dpsgd.data_parallel import data_parallel_clipped_grad, make_data_mesh
+from jaxdp.training.dpsgd.sampling import (BatchOverflowError, PaddedBatch, PoissonSampler, pad_and_split,
+                                           padded_batch_size, poisson_sample_indices)
+from jaxdp.training.dpsgd.train import DPSGDResult, accuracy, make_per_example_loss, train_dpsgd
+from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, dpsgd, noise_stddev, noisy_aggregate
+
+__all__ = [
+    "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "NoisyAggregateState",
+    "PaddedBatch", "PoissonSampler", "accuracy", "clipped_grad", "data_parallel_clipped_grad",
+    "dp_optimizer", "dpsgd", "make_data_mesh", "make_per_example_loss", "noise_stddev",
+    "noisy_aggregate", "pad_and_split", "padded_batch_size", "per_layer_sensitivity",
+    "poisson_sample_indices", "train_dpsgd",
+]

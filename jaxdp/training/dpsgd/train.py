@@ -1,0 +1,334 @@
+"""DP-SGD training loop for Flax (linen or nnx) classifiers.
+
+Algorithm (survey ``004_dp_machine_learning_survey.md`` Section 4.2 Algorithm 1;
+paper ``000_tradeoffs_of_private_prediction.md`` Section 3.1 Equation 4), for
+T = ceil(epochs / q) steps:
+
+1. Poisson-sample a batch B_t (each example w.p. q) -- :mod:`.sampling`;
+2. sum the per-example gradients clipped to ``l2_clip_norm`` -- :mod:`.clipping`
+   (in static-size chunks: a large logical batch is accumulated chunk by chunk,
+   which is both gradient accumulation and the honest overflow handling);
+3. add ``N(0, (sigma * S)^2 I)`` to the sum once, divide by ``q N`` and apply any
+   optax optimiser -- :mod:`.transforms`;
+
+The noise multiplier sigma is either given or calibrated to a target
+(epsilon, delta) with :func:`jaxdp.accounting.dpsgd.calibrate_noise_multiplier`
+for exactly (q, T); the spent epsilon is reported by the same accountant and
+the event ``dpsgd_event(sigma, q, steps_run)`` (T-fold composition of the
+Poisson-subsampled Gaussian) is spent on the shared ``PrivacyAccountant``.
+The accounting is in float64 (dp_accounting), never in JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxdp import _validation
+from jaxdp.accounting import dpsgd as dpsgd_accounting
+from jaxdp.accounting import events
+from jaxdp.training.dpsgd import clipping, sampling, transforms
+
+PyTree = Any
+
+
+@dataclasses.dataclass
+class DPSGDResult:
+  """Outcome of :func:`train_dpsgd`.
+
+  Attributes:
+    params: trained parameters (for nnx models, also written back into the module).
+    noise_multiplier: sigma used (noise std on the clipped sum = sigma * sensitivity).
+    epsilon: epsilon spent at ``delta`` by ``steps`` steps (inf when sigma = 0).
+    delta: target delta.
+    steps: DP-SGD steps run.
+    sample_rate: Poisson rate q.
+    expected_batch_size: q N, the divisor of the noisy sum.
+    sensitivity: L2 sensitivity of the clipped sum.
+    padded_size: static chunk size P.
+    history: per-evaluation dicts (step, epoch, epsilon, loss, and eval metrics).
+    accountant: the accountant the event was spent on (or None).
+    seconds: wall-clock training time.
+  """
+
+  params: PyTree
+  noise_multiplier: float
+  epsilon: float
+  delta: float
+  steps: int
+  sample_rate: float
+  expected_batch_size: float
+  sensitivity: float
+  padded_size: int
+  history: list[dict[str, float]]
+  accountant: Any
+  seconds: float
+
+
+def _model_apply(model: Any, params: PyTree | None, init_key: jax.Array,
+                 example: jax.Array) -> tuple[Callable[[PyTree, jax.Array], jax.Array], PyTree,
+                                              Callable[[PyTree], None]]:
+  """Returns (apply(params, x_batch) -> logits, params, write_back) for linen or nnx."""
+  try:
+    from flax import nnx
+    is_nnx = isinstance(model, nnx.Module)
+  except ImportError:  # pragma: no cover
+    is_nnx = False
+  if is_nnx:
+    graphdef, nnx_params, rest = nnx.split(model, nnx.Param, ...)
+    if params is None:
+      params = nnx_params
+
+    def apply(p, xb):
+      return nnx.merge(graphdef, p, rest)(xb)
+
+    def write_back(p):
+      nnx.update(model, p)
+
+    return apply, params, write_back
+  if not hasattr(model, "apply"):
+    raise ValueError("model must be a flax.linen.Module or a flax.nnx.Module.")
+  if params is None:
+    params = model.init(init_key, example)["params"]
+  elif isinstance(params, dict) and "params" in params and len(params) == 1:
+    params = params["params"]
+
+  def apply(p, xb):
+    return model.apply({"params": p}, xb)
+
+  return apply, params, lambda p: None
+
+
+def make_per_example_loss(apply: Callable[[PyTree, jax.Array], jax.Array],
+                          loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None
+                          ) -> Callable[[PyTree, jax.Array, jax.Array], jax.Array]:
+  """``(params, x_n, y_n) -> loss(apply(params, x_n[None])[0], y_n)`` for one example.
+
+  Default loss: softmax cross-entropy with integer labels (the multi-class
+  logistic loss of paper 000 Section 4.1).
+  """
+  if loss is None:
+    loss = optax.softmax_cross_entropy_with_integer_labels
+
+  def per_example(params, x, y):
+    return loss(apply(params, x[None])[0], y)
+
+  return per_example
+
+
+def accuracy(apply: Callable[[PyTree, jax.Array], jax.Array], params: PyTree, x: Any, y: Any,
+             batch_size: int = 2048) -> float:
+  """Top-1 accuracy of ``apply(params, x)`` (non-private evaluation on held-out data)."""
+  f = jax.jit(lambda p, xb: jnp.argmax(apply(p, xb), axis=-1))
+  correct = 0
+  n = len(y)
+  for s in range(0, n, batch_size):
+    pred = np.asarray(f(params, jnp.asarray(x[s:s + batch_size])))
+    correct += int((pred == np.asarray(y[s:s + batch_size])).sum())
+  return correct / max(n, 1)
+
+
+def _default_accountant():
+  try:
+    from jaxdp.accounting.accountant import PrivacyAccountant
+  except ImportError:  # accountant module not available: record nothing.
+    return None
+  return PrivacyAccountant()
+
+
+def train_dpsgd(
+    model: Any,
+    x: Any,
+    y: Any,
+    *,
+    key: jax.Array,
+    epochs: float,
+    l2_clip_norm: Any,
+    delta: float,
+    sample_rate: float | None = None,
+    expected_batch_size: float | None = None,
+    target_epsilon: float | None = None,
+    noise_multiplier: float | None = None,
+    params: PyTree | None = None,
+    optimizer: optax.GradientTransformation | None = None,
+    learning_rate: float = 0.1,
+    loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
+    per_layer: bool = False,
+    microbatch_size: int | None = None,
+    physical_batch_size: int | None = None,
+    overflow_prob: float = 1e-9,
+    on_overflow: str = "split",
+    accountant_method: str = "rdp",
+    accountant: Any = "default",
+    mesh: Any = None,
+    eval_fn: Callable[[PyTree], dict[str, float]] | None = None,
+    eval_every: int | None = None,
+    progress: bool = False,
+) -> DPSGDResult:
+  """Trains ``model`` with DP-SGD on ``(x, y)`` and reports the epsilon spent.
+
+  Privacy: (epsilon, delta)-DP with respect to adding or removing one example
+  of ``(x, y)`` for the released parameters (and everything computed from them),
+  by the Poisson-subsampled Gaussian mechanism composed over ``steps`` steps
+  (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd`). Not covered:
+  hyper-parameter tuning, ``eval_fn`` on private data, and the non-private
+  diagnostics (training loss) that are kept in ``history``.
+
+  Args:
+    model: a ``flax.linen.Module`` (``params`` optional; initialised from
+      ``key`` when omitted) or a ``flax.nnx.Module`` (its ``nnx.Param`` state is
+      trained and written back).
+    x, y: training inputs (N, ...) and integer labels (N,).
+    key: ``jax.random`` key; split into init / sampling / noise keys.
+    epochs: expected passes over the data; steps T = ceil(epochs / q).
+    l2_clip_norm: per-example clip norm (or per-group norms with ``per_layer``).
+    delta: target delta in (0, 1) (use < 1/N).
+    sample_rate / expected_batch_size: q, or q N (exactly one).
+    target_epsilon / noise_multiplier: calibrate sigma for this epsilon, or use
+      the given sigma (exactly one; sigma = 0 trains non-privately, epsilon = inf).
+    optimizer: optax optimiser applied to the private average (default
+      ``optax.sgd(learning_rate)``).
+    loss: per-example loss on (logits, label); default softmax cross-entropy.
+    per_layer, microbatch_size: see :func:`clipped_grad`.
+    physical_batch_size: static chunk size P (gradient accumulation: a Poisson
+      batch larger than P is processed as several chunks before ONE noisy
+      update). Default: the binomial bound at ``overflow_prob``.
+    on_overflow: ``"split"`` or ``"raise"`` (see :mod:`.sampling`).
+    accountant_method: ``"rdp"`` or ``"pld"``.
+    accountant: a ``PrivacyAccountant`` (anything with ``spend(event, count)``)
+      to record the DP-SGD event on; ``"default"`` makes a fresh one; ``None``
+      records nothing.
+    mesh: optional 1-D ``jax.sharding.Mesh`` for data parallelism (axis "data").
+    eval_fn: ``params -> dict`` of metrics, run every ``eval_every`` steps and at the end.
+    progress: show a tqdm bar.
+  """
+  n = int(len(y))
+  _validation.check_positive_int(n, "len(y)")
+  if (sample_rate is None) == (expected_batch_size is None):
+    raise ValueError("give exactly one of sample_rate or expected_batch_size.")
+  if sample_rate is None:
+    eb = _validation.check_positive(expected_batch_size, "expected_batch_size")
+    if eb > n:
+      raise ValueError(f"expected_batch_size must be in (0, N={n}], got {eb}.")
+    sample_rate = eb / n
+  q = _validation.check_sample_rate(sample_rate)
+  delta = _validation.check_delta(delta, allow_zero=False)
+  steps = dpsgd_accounting.steps_for_epochs(epochs, q)
+  if (target_epsilon is None) == (noise_multiplier is None):
+    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
+  if target_epsilon is not None:
+    sigma = dpsgd_accounting.calibrate_noise_multiplier(
+        target_epsilon, delta, q, steps, accountant=accountant_method)
+  else:
+    sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
+  if accountant == "default":
+    accountant = _default_accountant()
+  if accountant is not None and hasattr(accountant, "can_spend"):
+    planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps) if sigma > 0
+               else events.NonPrivateDpEvent())
+    if not accountant.can_spend(planned):
+      from jaxdp.errors import BudgetExceededError
+      raise BudgetExceededError(
+          f"DP-SGD ({steps} steps, q={q}, noise_multiplier={sigma}) would exceed the budget; "
+          "nothing was trained or spent.")
+
+  init_key, sample_key, noise_key = jax.random.split(key, 3)
+  x = jnp.asarray(x)
+  y = jnp.asarray(y)
+  apply, params, write_back = _model_apply(model, params, init_key, x[:1])
+  per_example = make_per_example_loss(apply, loss)
+  grad_fn = clipping.clipped_grad(per_example, l2_clip_norm=l2_clip_norm, batch_argnums=(1, 2),
+                                  microbatch_size=microbatch_size, per_layer=per_layer)
+  n_dev = 1
+  if mesh is not None:
+    from jaxdp.training.dpsgd import data_parallel
+    grad_fn = data_parallel.data_parallel_clipped_grad(grad_fn, mesh)
+    n_dev = mesh.shape["data"]
+    params = data_parallel.replicate(params, mesh)
+  sampler = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
+                                    overflow_prob=overflow_prob, on_overflow=on_overflow,
+                                    multiple_of=n_dev)
+  sensitivity = grad_fn.sensitivity
+  if sigma > 0 and math.isinf(sensitivity):
+    raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
+  base = optimizer if optimizer is not None else optax.sgd(learning_rate)
+  tx = optax.chain(
+      transforms.noisy_aggregate(sigma, sensitivity, sampler.expected_batch_size, noise_key), base)
+  opt_state = tx.init(params)
+
+  @jax.jit
+  def accumulate(params, acc, xs, ys, idx, mask):
+    g, info = grad_fn(params, xs[idx], ys[idx], mask=mask)
+    return jax.tree.map(jnp.add, acc, g), info.loss_sum
+
+  @jax.jit
+  def final(params, opt_state, acc, xs, ys, idx, mask):
+    g, info = grad_fn(params, xs[idx], ys[idx], mask=mask)
+    g = jax.tree.map(jnp.add, acc, g)
+    updates, opt_state = tx.update(g, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, info.loss_sum
+
+  zeros = jax.tree.map(jnp.zeros_like, params)
+  history: list[dict[str, float]] = []
+  step_keys = jax.random.split(sample_key, steps)
+  iterator = range(steps)
+  if progress:
+    from tqdm.auto import tqdm
+    iterator = tqdm(iterator, desc="DP-SGD", unit="step")
+  steps_run = 0
+  loss_acc, count_acc = 0.0, 0
+  t0 = time.perf_counter()
+
+  def epsilon_after(t: int) -> float:
+    if t == 0:
+      return 0.0
+    if sigma == 0:
+      return math.inf
+    return dpsgd_accounting.dpsgd_epsilon(sigma, q, t, delta, accountant_method)
+
+  try:
+    for t in iterator:
+      chunks = sampler.sample(step_keys[t])
+      acc = zeros
+      loss_sum = jnp.zeros(())
+      for c in chunks[:-1]:
+        acc, ls = accumulate(params, acc, x, y, jnp.asarray(c.indices), jnp.asarray(c.mask))
+        loss_sum = loss_sum + ls
+      last = chunks[-1]
+      params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(last.indices),
+                                    jnp.asarray(last.mask))
+      steps_run = t + 1
+      loss_acc += float(loss_sum + ls)
+      count_acc += sum(c.num_examples for c in chunks)
+      if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
+        rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
+               "train_loss": loss_acc / max(count_acc, 1)}
+        rec.update(eval_fn(params))
+        history.append(rec)
+        loss_acc, count_acc = 0.0, 0
+  finally:
+    # Spend what actually ran, even if training was interrupted.
+    if accountant is not None and steps_run > 0:
+      if sigma > 0:
+        accountant.spend(dpsgd_accounting.dpsgd_event(sigma, q, steps_run))
+      else:  # noise-free training is not private: record it as such.
+        accountant.spend(events.NonPrivateDpEvent())
+  seconds = time.perf_counter() - t0
+  eps = epsilon_after(steps_run)
+  rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": eps,
+         "train_loss": loss_acc / max(count_acc, 1)}
+  if eval_fn is not None:
+    rec.update(eval_fn(params))
+  history.append(rec)
+  write_back(params)
+  return DPSGDResult(params=params, noise_multiplier=float(sigma), epsilon=eps, delta=delta,
+                     steps=steps_run, sample_rate=q, expected_batch_size=sampler.expected_batch_size,
+                     sensitivity=float(sensitivity), padded_size=sampler.padded_size,
+                     history=history, accountant=accountant, seconds=seconds)

@@ -1,0 +1,207 @@
+"""Output perturbation ("model sensitivity"): train non-privately, add noise to the weights.
+
+Multiclass (paper 000 = ``../shared/papers/000_tradeoffs_of_private_prediction.md``,
+App. B.1, Algorithms 1 and 3): for ``J(theta) = (1/N) sum l + lambda R(theta)``
+with 1-strongly convex ``R`` (here ``R = 1/2 ||theta||_F^2``), a K-Lipschitz
+loss and ``||x|| <= 1``, the minimiser has replace-one sensitivity
+``Delta = 2K / (N lambda)`` in Frobenius norm (Lemma 1). Then
+
+* ``(eps, 0)``-DP: ``theta + B``, ``p(B) ∝ exp(-beta ||B||_F)``, ``beta = N lambda eps / (2K)``
+  (Algorithm 1, Theorem 1);
+* ``(eps, delta)``-DP: ``B ~ N(0, sigma^2 I)`` with the analytic Gaussian
+  ``sigma = 2K alpha / (N lambda sqrt(2 eps))`` (Algorithm 3, Theorem 2; Balle &
+  Wang 2018 Thm 8/9), computed by :func:`jaxdp.accounting.analytic_gaussian_sigma`.
+
+``K = sqrt(2)`` for the softmax loss (paper 000 Thm 9).
+
+Binary (paper 003 = ``../shared/papers/003_dp_confidence_intervals_for_erm.md``,
+Sec. 5.1, Algorithm 4, from Chaudhuri et al. 2011): paper 003 writes the
+objective as ``(1/n) sum [f + c ||theta||^2]``, i.e. our ``lambda = 2c``; the
+sensitivity ``1/(nc) = 2/(N lambda)`` is Lemma 1 with ``K = |f'| <= 1``. Then
+``gamma = n c eps`` (eps-DP, L2-Laplace) or ``N(0, I / (2 rho (nc)^2))``
+(rho-zCDP, Bun & Steinke Prop. 3: ``sigma = Delta / sqrt(2 rho)``).
+
+Inexact minimisation. Lemma 1 bounds the distance between *exact* minimisers.
+L-BFGS stops at ``||grad J|| <= tol``; by lambda-strong convexity the iterate
+is within ``tol / lambda`` of the minimiser, so we calibrate to
+``Delta = 2K/(N lambda) + 2 tol / lambda`` (the paper's formula is the
+``tol -> 0`` limit, available with ``solver_tol=0`` in the calibration), and
+refuse to release a fit that did not reach ``tol``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxdp import _validation
+from jaxdp.accounting import events
+from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
+from jaxdp.mechanisms.gaussian import gaussian_noise
+from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
+from jaxdp.training import linear, linear_losses
+
+
+class OutputPerturbationCalibration(NamedTuple):
+  """Host-side (float64) calibration of output perturbation.
+
+  Attributes:
+    noise: ``"l2_laplace"`` (scale = beta, density ∝ exp(-beta ||B||_F)),
+      ``"gaussian"`` (scale = sigma, i.i.d. N(0, sigma^2)) or ``"none"``.
+    scale: beta or sigma (0.0 for ``"none"``).
+    sensitivity: L2 sensitivity of the released weights.
+    event: the DpEvent of one release.
+  """
+
+  noise: str
+  scale: float
+  sensitivity: float
+  event: Any
+
+
+def minimizer_sensitivity(num_examples: int, l2_reg: float, lipschitz: float,
+                          solver_tol: float = 0.0) -> float:
+  """``2K/(N lambda) + 2 tol/lambda``: replace-one L2 sensitivity of the (tol-approximate) minimiser.
+
+  Paper 000 App. A, Lemma 1 (``tol = 0``); the ``2 tol / lambda`` term covers
+  the two inexact solves (lambda-strong convexity: ``||theta - theta*|| <=
+  ||grad J(theta)|| / lambda``).
+  """
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  lam = _validation.check_positive(l2_reg, "l2_reg")
+  k = _validation.check_positive(lipschitz, "lipschitz")
+  tol = _validation.check_nonnegative(solver_tol, "solver_tol")
+  return 2.0 * k / (n * lam) + 2.0 * tol / lam
+
+
+def output_perturbation_calibration(
+    *,
+    num_examples: int,
+    l2_reg: float,
+    epsilon: float | None = None,
+    delta: float = 0.0,
+    rho: float | None = None,
+    lipschitz: float = linear_losses.SOFTMAX_LIPSCHITZ,
+    solver_tol: float = 0.0,
+) -> OutputPerturbationCalibration:
+  """Noise for output perturbation (paper 000 Alg. 1/3, paper 003 Alg. 4).
+
+  Exactly one of ``epsilon`` (with ``delta``) or ``rho`` (zCDP) must be given.
+
+  * ``epsilon = inf``: no noise, ``NonPrivateDpEvent``.
+  * ``delta = 0``: ``beta = epsilon / Delta`` (= ``N lambda eps / (2K)`` at tol 0), ``PureDpEvent(eps)``.
+  * ``delta > 0``: analytic Gaussian ``sigma`` on ``Delta``,
+    ``GaussianDpEvent(noise_multiplier = sigma / Delta)`` (exactly (eps, delta)-DP).
+  * ``rho``: ``sigma = Delta / sqrt(2 rho)``, ``ZCDpEvent(rho)``.
+  """
+  if (epsilon is None) == (rho is None):
+    raise ValueError("give exactly one of epsilon (with delta) or rho (zCDP).")
+  sens = minimizer_sensitivity(num_examples, l2_reg, lipschitz, solver_tol)
+  if rho is not None:
+    rho = _validation.check_positive(rho, "rho")
+    return OutputPerturbationCalibration("gaussian", sens / math.sqrt(2.0 * rho), sens,
+                                         events.ZCDpEvent(rho))
+  eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+  delta = _validation.check_delta(delta, "delta")
+  if math.isinf(eps):
+    return OutputPerturbationCalibration("none", 0.0, sens, events.NonPrivateDpEvent())
+  if delta == 0.0:
+    return OutputPerturbationCalibration("l2_laplace", eps / sens, sens, events.PureDpEvent(eps))
+  sigma = float(analytic_gaussian_sigma(eps, delta, sens))
+  return OutputPerturbationCalibration("gaussian", sigma, sens,
+                                       events.GaussianDpEvent(noise_multiplier=sigma / sens))
+
+
+@functools.partial(jax.jit, static_argnames=("noise",))
+def _add_noise(key: jax.Array, weights: jax.Array, scale: jax.Array, noise: str) -> jax.Array:
+  if noise == "l2_laplace":
+    return weights + l2_laplace_noise(key, weights.shape, scale, weights.dtype)
+  if noise == "gaussian":
+    return weights + gaussian_noise(key, weights.shape, scale, weights.dtype)
+  return weights
+
+
+def perturb_weights(key: jax.Array, weights: jax.Array,
+                    calibration: OutputPerturbationCalibration) -> jax.Array:
+  """Adds the calibrated noise to ``weights`` (one radius for the whole matrix).
+
+  ``key`` may be a batch of keys: returns one noisy copy per key (leading axis).
+  """
+  weights = jnp.asarray(weights)
+  if calibration.noise == "none":
+    if linear.is_key_batch(key):
+      return jnp.broadcast_to(weights, (jnp.shape(key)[0],) + weights.shape)
+    return weights
+  scale = jnp.asarray(calibration.scale, weights.dtype)
+  if linear.is_key_batch(key):
+    return jax.vmap(lambda k: _add_noise(k, weights, scale, calibration.noise))(key)
+  return _add_noise(key, weights, scale, calibration.noise)
+
+
+def output_perturbation(
+    key: jax.Array,
+    x: Any,
+    y: Any,
+    *,
+    l2_reg: float,
+    loss: str = "softmax",
+    num_classes: int | None = None,
+    epsilon: float | None = None,
+    delta: float = 0.0,
+    rho: float | None = None,
+    h: float = 0.5,
+    max_iter: int = 500,
+    tol: float = 1e-6,
+    normalize: bool = False,
+) -> linear.PrivateLinearModel:
+  """Output perturbation for any of the linear losses (paper 000 Alg. 1/3, paper 003 Alg. 4).
+
+  Trains ``argmin (1/N) sum l + (lambda/2)||theta||^2`` once, checks the solver
+  converged, and adds noise calibrated by :func:`output_perturbation_calibration`
+  with ``K = lipschitz_constant(loss)`` and ``solver_tol = tol``. With a batch
+  of keys, returns one independent release per key (``count = M`` events).
+  ``epsilon = inf`` returns exactly the non-private model.
+
+  Raises:
+    ValueError: bad privacy parameters, ``l2_reg <= 0``, rows outside the unit
+      ball (see :func:`jaxdp.data.normalize_rows` or ``normalize=True``), bad labels.
+    RuntimeError: the solver did not converge (nothing is released).
+  """
+  _validation.check_positive(l2_reg, "l2_reg")
+  n = int(jnp.shape(x)[0])
+  cal = output_perturbation_calibration(
+      num_examples=n, l2_reg=l2_reg, epsilon=epsilon, delta=delta, rho=rho,
+      lipschitz=linear_losses.lipschitz_constant(loss), solver_tol=tol)
+  model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, loss=loss, h=h,
+                            max_iter=max_iter, tol=tol, normalize=normalize)
+  linear.require_converged(model.info, "output_perturbation")
+  return linear.PrivateLinearModel(perturb_weights(key, model.weights, cal), model.info,
+                                   cal.event, cal)
+
+
+def model_sensitivity(
+    key: jax.Array,
+    x: Any,
+    y: Any,
+    *,
+    num_classes: int,
+    l2_reg: float,
+    epsilon: float,
+    delta: float = 0.0,
+    max_iter: int = 500,
+    tol: float = 1e-6,
+    normalize: bool = False,
+) -> linear.PrivateLinearModel:
+  """Multiclass model sensitivity (paper 000 App. B.1, Algorithm 1 for delta = 0, 3 for delta > 0).
+
+  Softmax loss, ``K = sqrt(2)``; ``beta = N lambda eps / (2K)`` (L2-Laplace on
+  the whole ``(D, C)`` weight matrix) or the analytic Gaussian on ``2K/(N lambda)``
+  (plus the ``2 tol/lambda`` solver slack, see the module docstring).
+  """
+  return output_perturbation(key, x, y, l2_reg=l2_reg, loss="softmax", num_classes=num_classes,
+                             epsilon=epsilon, delta=delta, max_iter=max_iter, tol=tol,
+                             normalize=normalize)

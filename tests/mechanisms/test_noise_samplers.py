@@ -1,0 +1,203 @@
+"""Noise samplers: moments, tails and laws (KS) with fixed seeds; jit/vmap/key semantics.
+
+Tolerances are derived from the sampling distribution of each statistic
+(``Z_TOL`` standard errors) or are KS/chi-square p-value floors, so a wrong
+scale, a wrong law or a biased sampler fails.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxdp import mechanisms as mech
+
+Z_TOL = 6.0  # standard errors; a correct sampler fails with prob. ~2e-9
+P_FLOOR = 1e-4  # KS p-value floor
+
+
+def _keys(seed: int, n: int) -> jax.Array:
+  return jax.random.split(jax.random.key(seed), n)
+
+
+def _assert_mean(x: np.ndarray, mean: float, sd: float) -> None:
+  se = sd / math.sqrt(x.size)
+  assert abs(x.mean() - mean) < Z_TOL * se, (x.mean(), mean, se)
+
+
+def _assert_prob(hits: np.ndarray, p: float) -> None:
+  se = math.sqrt(p * (1 - p) / hits.size)
+  assert abs(hits.mean() - p) < Z_TOL * se, (hits.mean(), p, se)
+
+
+# ------------------------------------------------------------------ Laplace
+
+
+def test_laplace_moments_tails_and_law():
+  b = 2.5
+  n = 200_000
+  x = np.asarray(mech.laplace_noise(jax.random.key(0), (n,), b), dtype=np.float64)
+  assert x.dtype == np.float64 and x.shape == (n,)
+  _assert_mean(x, 0.0, math.sqrt(2) * b)
+  # Var(X^2) = E X^4 - (E X^2)^2 = 24 b^4 - 4 b^4 = 20 b^4.
+  _assert_mean(x**2, 2 * b**2, math.sqrt(20) * b**2)
+  # E|X| = b, Var|X| = b^2 (|X| ~ Exp(1/b)).
+  _assert_mean(np.abs(x), b, b)
+  for t in (1.0, 3.0, 6.0):  # P(|X| > t b) = e^{-t}
+    _assert_prob(np.abs(x) > t * b, math.exp(-t))
+  assert stats.kstest(x, stats.laplace(scale=b).cdf).pvalue > P_FLOOR
+
+
+def test_laplace_ks_rejects_wrong_scale():
+  # Sanity of the KS test itself: the same samples against a 5% wrong scale fail.
+  x = np.asarray(mech.laplace_noise(jax.random.key(0), (200_000,), 1.0))
+  assert stats.kstest(x, stats.laplace(scale=1.05).cdf).pvalue < P_FLOOR
+
+
+def test_laplace_per_coordinate_scale_broadcasts():
+  scales = jnp.array([0.5, 1.0, 4.0])
+  x = np.asarray(mech.laplace_noise(jax.random.key(1), (100_000, 3), scales), np.float64)
+  for j, b in enumerate(np.asarray(scales)):
+    _assert_mean(np.abs(x[:, j]), b, b)
+
+
+def test_zero_scale_gives_zero_noise():
+  assert np.all(np.asarray(mech.laplace_noise(jax.random.key(0), (5,), 0.0)) == 0)
+  assert np.all(np.asarray(mech.gaussian_noise(jax.random.key(0), (5,), 0.0)) == 0)
+  assert np.all(np.asarray(mech.l2_laplace_noise(jax.random.key(0), (5,), jnp.inf)) == 0)
+
+
+# ------------------------------------------------------------------ Gaussian
+
+
+def test_gaussian_moments_tails_and_law():
+  s = 1.7
+  n = 200_000
+  x = np.asarray(mech.gaussian_noise(jax.random.key(2), (n,), s), dtype=np.float64)
+  _assert_mean(x, 0.0, s)
+  _assert_mean(x**2, s**2, math.sqrt(2) * s**2)  # Var(X^2) = 2 s^4
+  for t in (1.0, 2.0, 3.0):
+    _assert_prob(np.abs(x) > t * s, 2 * stats.norm.sf(t))
+  assert stats.kstest(x, stats.norm(scale=s).cdf).pvalue > P_FLOOR
+  assert stats.kstest(x, stats.norm(scale=1.05 * s).cdf).pvalue < P_FLOOR
+
+
+# ------------------------------------------------------------------ L2 Laplace
+
+
+@pytest.mark.parametrize("dim", [1, 10, 7840])
+def test_l2_laplace_radius_is_gamma(dim):
+  """||b|| ~ Gamma(dim, scale 1/beta); float32 gamma sampling stays accurate at dim 7840."""
+  beta = 3.0
+  n = 50_000
+  r = jax.vmap(lambda k: mech.l2_laplace_radius(k, (dim,), beta))(_keys(10 + dim, n))
+  r = np.asarray(r, np.float64)
+  law = stats.gamma(a=dim, scale=1.0 / beta)
+  assert stats.kstest(r, law.cdf).pvalue > P_FLOOR
+  _assert_mean(r, dim / beta, math.sqrt(dim) / beta)
+  # Variance dim/beta^2; Var((r - m)^2) = E(r-m)^4 - var^2 = (3 var^2 + 6 dim/beta^4) - var^2.
+  var = dim / beta**2
+  _assert_mean((r - dim / beta) ** 2, var, math.sqrt(2 * var**2 + 6 * dim / beta**4))
+  # A 0.1% error in the radius scale is caught at this sample size for dim 7840
+  # (relative s.e. of the mean is 1/sqrt(dim n) = 2e-5).
+  if dim == 7840:
+    assert stats.kstest(r, stats.gamma(a=dim, scale=1.001 / beta).cdf).pvalue < P_FLOOR
+
+
+@pytest.mark.parametrize("shape", [(1,), (10,), (784, 10)])
+def test_l2_laplace_noise_norm_is_gamma(shape):
+  """The norm of the full noise array (one radius for the whole array) is Gamma(prod(shape), 1/beta)."""
+  beta = 0.5
+  dim = int(np.prod(shape))
+  n = 2_000
+  noise = jax.vmap(lambda k: mech.l2_laplace_noise(k, shape, beta))(_keys(20 + dim, n))
+  assert noise.shape == (n,) + shape and noise.dtype == jnp.float32
+  norms = np.linalg.norm(np.asarray(noise, np.float64).reshape(n, -1), axis=1)
+  assert stats.kstest(norms, stats.gamma(a=dim, scale=1.0 / beta).cdf).pvalue > P_FLOOR
+
+
+def test_l2_laplace_in_one_dimension_is_laplace():
+  beta = 2.0
+  x = jax.vmap(lambda k: mech.l2_laplace_noise(k, (), beta))(_keys(3, 50_000))
+  assert x.shape == (50_000,)
+  assert stats.kstest(np.asarray(x, np.float64), stats.laplace(scale=1 / beta).cdf).pvalue > P_FLOOR
+
+
+def test_uniform_direction_is_uniform_on_the_sphere():
+  n = 50_000
+  # d = 3: each coordinate is uniform on [-1, 1] (Archimedes' hat-box theorem).
+  u3 = np.asarray(jax.vmap(lambda k: mech.uniform_direction(k, (3,)))(_keys(4, n)), np.float64)
+  np.testing.assert_allclose(np.linalg.norm(u3, axis=1), 1.0, rtol=1e-5)
+  for j in range(3):
+    assert stats.kstest(u3[:, j], stats.uniform(loc=-1, scale=2).cdf).pvalue > P_FLOOR
+  # d = 10: u_1^2 ~ Beta(1/2, 9/2); mean 0 and second moments I/d.
+  d = 10
+  u = np.asarray(jax.vmap(lambda k: mech.uniform_direction(k, (2, 5)))(_keys(5, n)), np.float64)
+  u = u.reshape(n, d)
+  assert stats.kstest(u[:, 0] ** 2, stats.beta(0.5, (d - 1) / 2).cdf).pvalue > P_FLOOR
+  sd = 1 / math.sqrt(d)
+  for j in range(d):
+    _assert_mean(u[:, j], 0.0, sd)
+  # off-diagonal E[u_i u_j] = 0 with sd 1/sqrt(d (d+2)); diagonal E[u_i^2] = 1/d.
+  _assert_mean(u[:, 0] * u[:, 1], 0.0, 1 / math.sqrt(d * (d + 2)))
+  b = stats.beta(0.5, (d - 1) / 2)
+  _assert_mean(u[:, 3] ** 2, 1 / d, b.std())
+
+
+def test_l2_laplace_rejects_vector_beta():
+  with pytest.raises(ValueError, match="beta"):
+    mech.l2_laplace_noise(jax.random.key(0), (3,), jnp.array([1.0, 2.0]))
+
+
+# ------------------------------------------------------------------ jit / vmap / keys
+
+SAMPLERS = {
+    "laplace": lambda k, s: mech.laplace_noise(k, (4, 3), s),
+    "gaussian": lambda k, s: mech.gaussian_noise(k, (4, 3), s),
+    "l2_laplace": lambda k, s: mech.l2_laplace_noise(k, (4, 3), s),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_vmap_over_keys_equals_loop(name):
+  f = SAMPLERS[name]
+  keys = _keys(7, 5)
+  batched = np.asarray(jax.vmap(lambda k: f(k, 1.5))(keys))
+  looped = np.stack([np.asarray(f(k, 1.5)) for k in keys])
+  np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_vmap_over_scales_equals_loop(name):
+  f = SAMPLERS[name]
+  key = jax.random.key(8)
+  scales = jnp.array([0.5, 1.0, 2.0, 7.0])
+  batched = np.asarray(jax.vmap(lambda s: f(key, s))(scales))
+  looped = np.stack([np.asarray(f(key, float(s))) for s in scales])
+  np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLERS))
+def test_jit_equals_no_jit_and_key_semantics(name):
+  f = SAMPLERS[name]
+  k1, k2 = jax.random.split(jax.random.key(9))
+  eager = np.asarray(f(k1, 2.0))
+  jitted = np.asarray(jax.jit(f)(k1, 2.0))
+  np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(eager, np.asarray(f(k1, 2.0)))  # same key, same noise
+  assert not np.allclose(eager, np.asarray(f(k2, 2.0)))  # other key, other noise
+
+
+def test_legacy_uint32_keys_work():
+  key = jax.random.PRNGKey(0)
+  assert mech.laplace_noise(key, (3,), 1.0).shape == (3,)
+  assert mech.l2_laplace_noise(key, (3,), 1.0).shape == (3,)
+
+
+def test_int_and_scalar_shapes():
+  assert mech.gaussian_noise(jax.random.key(0), 4, 1.0).shape == (4,)
+  assert mech.gaussian_noise(jax.random.key(0), (), 1.0).shape == ()
+  assert mech.l2_laplace_noise(jax.random.key(0), 4, 1.0).shape == (4,)
