@@ -80,18 +80,37 @@ def parse_kdd_files(*paths: str | os.PathLike) -> tuple[tabular.RawTable, list[n
     indices.append(np.fromiter((distinct.setdefault(l, len(distinct)) for l in lines),
                                dtype=np.int64, count=len(lines)))
   unique = list(distinct)
-  fields = b",".join(unique).split(b",")
-  width = len(ATTRIBUTES) + 1
-  if len(fields) != width * len(unique):
-    bad = next(l for l in unique if l.count(b",") != width - 1)
-    raise ValueError(f"KDD record with {bad.count(b',') + 1} fields, expected {width}: {bad[:80]!r}")
-  f = np.array(fields).reshape(len(unique), width)
-  numeric_idx = [j for j, cat in enumerate(CATEGORICAL) if not cat]
-  numeric = f[:, numeric_idx].astype(np.float64)  # one conversion for all 38 columns
-  slot = {j: k for k, j in enumerate(numeric_idx)}
-  columns = [f[:, j].astype(str) if cat else numeric[:, slot[j]]
-             for j, cat in enumerate(CATEGORICAL)]
-  label_names = np.char.rstrip(f[:, -1], b".").astype(str)
+  # Layout: duration, protocol_type, service, flag, <37 numeric>, label. Split
+  # each distinct line once; parse all numeric text in one np.fromstring call.
+  heads, numeric_text, label_bytes = [], [], []
+  for line in unique:
+    parts = line.split(b",", 4)
+    if len(parts) != 5 or b"," not in parts[4]:
+      raise ValueError(f"malformed KDD record: {line[:80]!r}")
+    rest, label = parts[4].rsplit(b",", 1)
+    heads.append(parts[1:4])
+    numeric_text.append(parts[0])
+    numeric_text.append(rest)
+    label_bytes.append(label)
+  n_numeric = len(ATTRIBUTES) - len(CATEGORICAL_ATTRIBUTES)
+  try:
+    numeric = np.fromstring(b",".join(numeric_text).decode("ascii"), dtype=np.float64, sep=",")
+  except ValueError as err:
+    raise ValueError(f"KDD numeric attributes could not be parsed: {err}") from err
+  if numeric.size != n_numeric * len(unique):
+    raise ValueError(f"KDD records must have {len(ATTRIBUTES) + 1} fields; parsed "
+                     f"{numeric.size} numeric values for {len(unique)} records.")
+  numeric = numeric.reshape(len(unique), n_numeric)
+  cats = np.array(heads, dtype=str)
+  columns, k_num, k_cat = [], 0, 0
+  for cat in CATEGORICAL:
+    if cat:
+      columns.append(cats[:, k_cat])
+      k_cat += 1
+    else:
+      columns.append(numeric[:, k_num])
+      k_num += 1
+  label_names = np.char.rstrip(np.array(label_bytes, dtype=str), ".")
   table = tabular.RawTable(columns=tuple(columns), names=ATTRIBUTES, categorical=CATEGORICAL,
                            labels=(label_names != "normal").astype(np.int32))
   return table, indices, label_names

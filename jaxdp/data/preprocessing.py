@@ -85,6 +85,25 @@ def normalize_rows(x: Any, mode: str = "project", *,
   return out
 
 
+def normalize_train_test(x_train: Any, x_test: Any,
+                         mode: str = "project") -> tuple[np.ndarray, np.ndarray]:
+  """:func:`normalize_rows` on a train/test pair, with ``R`` fitted on train only.
+
+  ``"project"`` treats each row on its own; ``"scale"`` divides both sets by
+  ``R = max_i ||x_train_i||`` and projects any test row still outside the ball.
+  """
+  if mode not in UNIT_BALL_MODES:
+    raise ValueError(f"mode must be one of {UNIT_BALL_MODES}, got {mode!r}.")
+  if mode == "project":
+    return normalize_rows(x_train, "project"), normalize_rows(x_test, "project")
+  x_train = np.asarray(x_train)
+  r = float(_row_norms(x_train).max()) if x_train.shape[0] else 0.0
+  if r <= 0:
+    return normalize_rows(x_train, "project"), normalize_rows(x_test, "project")
+  return (normalize_rows(x_train, "scale", reference_norm=r),
+          normalize_rows(x_test, "scale", reference_norm=r))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class PCATransform:
   """``x -> (x - mean) @ components.T``: projection on the top ``d`` principal axes.

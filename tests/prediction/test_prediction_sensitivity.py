@@ -1,0 +1,116 @@
+"""Tests of jaxdp.prediction.prediction_sensitivity (paper 000 Algorithms 6 and 7)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdp.accounting import analytic_gaussian
+from jaxdp.accounting import composition
+from jaxdp.accounting import events
+from jaxdp.accounting.accountant import PrivacyAccountant, PrivacyBudget
+from jaxdp.prediction import prediction_sensitivity as ps
+
+N, LAM, K = 1000, 1e-2, math.sqrt(2.0)
+
+
+def test_logit_sensitivity_and_laplace_beta_match_formulas():
+  assert ps.logit_sensitivity(N, LAM) == pytest.approx(2 * K / (N * LAM), rel=1e-15)
+  assert ps.logit_sensitivity(N, LAM, lipschitz=1.0) == pytest.approx(2 / (N * LAM), rel=1e-15)
+  # Algorithm 6: beta = N lambda eps / (2 K B).
+  beta = ps.l2_laplace_prediction_beta(0.5, 20, N, LAM)
+  assert beta == pytest.approx(N * LAM * 0.5 / (2 * K * 20), rel=1e-14)
+  cal = ps.calibrate_prediction_sensitivity(0.5, 0.0, 20, N, LAM)
+  assert cal.noise == "l2_laplace" and cal.scale == pytest.approx(beta, rel=1e-15)
+  # One query is (beta * Delta) = eps/B pure DP.
+  assert isinstance(cal.query_event(), events.PureDpEvent)
+  assert cal.query_event().epsilon == pytest.approx(0.5 / 20, rel=1e-12)
+
+
+@pytest.mark.parametrize("budget", [1, 10, 200])
+def test_gaussian_sigma_methods_match_formulas(budget):
+  eps, delta = 1.0, 1e-5
+  sens = ps.logit_sensitivity(N, LAM)
+  basic = ps.gaussian_prediction_sigma(eps, delta, budget, N, LAM, method="basic")
+  adv = ps.gaussian_prediction_sigma(eps, delta, budget, N, LAM, method="advanced")
+  best = ps.gaussian_prediction_sigma(eps, delta, budget, N, LAM, method="best")
+  exact = ps.gaussian_prediction_sigma(eps, delta, budget, N, LAM,
+                                       method="exact_gaussian_composition")
+  # sigma' = analytic Gaussian at (eps/B, delta/B) (Algorithm 7, first line).
+  assert basic == pytest.approx(
+      analytic_gaussian.analytic_gaussian_sigma(eps / budget, delta / budget, sens), rel=1e-12)
+  assert best == pytest.approx(min(basic, adv), rel=1e-12)
+  # B Gaussian queries = one Gaussian of sensitivity Delta sqrt(B) (GDP composition).
+  assert exact == pytest.approx(
+      analytic_gaussian.analytic_gaussian_sigma(eps, delta, sens * math.sqrt(budget)), rel=1e-12)
+  assert exact <= best * (1 + 1e-12)
+  if budget > 1:
+    assert exact < 0.9 * best  # strictly tighter than the paper's composition
+
+
+@pytest.mark.parametrize("method", ["basic", "advanced", "best", "exact_gaussian_composition"])
+def test_gaussian_sigma_gives_eps_delta_over_budget_through_accountant(method):
+  eps, delta, budget = 1.0, 1e-5, 50
+  cal = ps.calibrate_prediction_sensitivity(eps, delta, budget, N, LAM, method=method)
+  assert cal.noise == "gaussian"
+  acc = PrivacyAccountant()
+  acc.spend(cal.query_event(), budget)
+  eps_pld = acc.get_epsilon(delta, method="pld")
+  # PLD is a (pessimistic) discretised bound: allow its discretisation slack.
+  assert eps_pld <= eps * (1 + 1e-3)
+  # Exact check of the composed Gaussian: delta(eps) of the sqrt(B)-sensitivity mechanism.
+  composed_delta = analytic_gaussian.analytic_gaussian_delta(
+      cal.scale, eps, cal.sensitivity * math.sqrt(budget))
+  assert composed_delta <= delta * (1 + 1e-6)
+  if method == "exact_gaussian_composition":
+    # Tight: the accountant spends (almost) all of eps, and 2% less noise breaks it.
+    assert eps_pld >= eps * 0.98
+    assert analytic_gaussian.analytic_gaussian_delta(
+        0.98 * cal.scale, eps, cal.sensitivity * math.sqrt(budget)) > delta
+  # The shared budget accepts the B queries.
+  PrivacyBudget(eps, delta).spend(cal.query_event(), budget)
+
+
+def test_noisy_logits_noise_scales():
+  m, c = 2000, 5
+  logits = jnp.zeros((m, c))
+  beta = 2.0
+  lap = ps.noisy_logits(jax.random.key(0), logits, "l2_laplace", beta)
+  # ||b|| ~ Gamma(C, 1/beta): mean C/beta, sd sqrt(C)/beta.
+  norms = np.linalg.norm(np.asarray(lap), axis=1)
+  se = math.sqrt(c) / beta / math.sqrt(m)
+  assert abs(norms.mean() - c / beta) < 4 * se
+  sigma = 0.7
+  gau = np.asarray(ps.noisy_logits(jax.random.key(1), logits, "gaussian", sigma))
+  assert abs(gau.std() - sigma) < 4 * sigma / math.sqrt(2 * m * c)
+  assert abs(gau.mean()) < 4 * sigma / math.sqrt(m * c)
+  # Each query gets its own noise: identical rows get different answers.
+  assert not np.allclose(np.asarray(lap[0]), np.asarray(lap[1]))
+  # Same key -> same result.
+  np.testing.assert_array_equal(
+      np.asarray(ps.noisy_logits(jax.random.key(1), logits, "gaussian", sigma)), gau)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(epsilon=0.0), "epsilon"),
+    (dict(epsilon=-1.0), "epsilon"),
+    (dict(delta=1.0), "delta"),
+    (dict(budget=0), "budget"),
+    (dict(num_examples=0), "num_examples"),
+    (dict(l2_reg=0.0), "l2_reg"),
+    (dict(method="nope"), "method"),
+])
+def test_bad_arguments_raise(kwargs, match):
+  args = dict(epsilon=1.0, delta=1e-5, budget=10, num_examples=N, l2_reg=LAM, method="best")
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    ps.gaussian_prediction_sigma(**args)
+
+
+def test_noisy_logits_rejects_bad_noise_and_shape():
+  with pytest.raises(ValueError, match="noise"):
+    ps.noisy_logits(jax.random.key(0), jnp.zeros((2, 3)), "cauchy", 1.0)
+  with pytest.raises(ValueError, match="logits"):
+    ps.noisy_logits(jax.random.key(0), jnp.zeros((3,)), "gaussian", 1.0)

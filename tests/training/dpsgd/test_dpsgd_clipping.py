@@ -1,0 +1,151 @@
+"""Tests of per-example clipping (paper 000 Section 3.1 Equation 4, the clipped sum)."""
+
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxdp import models
+from jaxdp.training.dpsgd import clipping
+
+
+def _setup(batch=9, seed=0):
+  model = models.MLP(hidden_sizes=(8,), num_classes=3)
+  x = jax.random.normal(jax.random.key(seed), (batch, 5))
+  y = jax.random.randint(jax.random.key(seed + 1), (batch,), 0, 3)
+  params = model.init(jax.random.key(seed + 2), x[:1])["params"]
+
+  def loss(p, xi, yi):
+    logits = model.apply({"params": p}, xi[None])[0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits, yi)
+
+  return loss, params, x, y
+
+
+def _loop_clipped_sum(loss, params, x, y, clip, mask=None):
+  total = jax.tree.map(jnp.zeros_like, params)
+  for n in range(x.shape[0]):
+    if mask is not None and not mask[n]:
+      continue
+    g = jax.grad(loss)(params, x[n], y[n])
+    norm = math.sqrt(sum(float(jnp.sum(v ** 2)) for v in jax.tree.leaves(g)))
+    factor = min(1.0, clip / norm) if norm > 0 else 1.0
+    total = jax.tree.map(lambda a, b: a + factor * b, total, g)
+  return total
+
+
+class ClippedGradTest(chex.TestCase):
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_matches_python_loop(self):
+    loss, params, x, y = _setup()
+    # Median per-example norm, so some gradients are clipped and some are not.
+    norms = [math.sqrt(sum(float(jnp.sum(v ** 2)) for v in jax.tree.leaves(
+        jax.grad(loss)(params, x[n], y[n])))) for n in range(x.shape[0])]
+    clip = float(np.median(norms))
+    fn = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2))
+    g, info = self.variant(fn)(params, x, y)
+    expected = _loop_clipped_sum(loss, params, x, y, clip)
+    chex.assert_trees_all_close(g, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(info.per_example_norms, norms, rtol=1e-5)
+    self.assertEqual(int(info.num_clipped), sum(n > clip for n in norms))
+    self.assertEqual(float(info.num_examples), x.shape[0])
+    self.assertEqual(fn.sensitivity, clip)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_mask_and_microbatch(self):
+    loss, params, x, y = _setup(batch=11)
+    mask = jnp.array([1, 0, 1, 1, 0, 1, 1, 1, 0, 1, 1], bool)
+    # A NaN in a masked slot must not leak into the sum.
+    x = x.at[1].set(jnp.nan)
+    clip = 0.3
+    full = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2))
+    micro = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2), microbatch_size=4)
+    g_full, info_full = self.variant(full)(params, x, y, mask=mask)
+    g_micro, info_micro = self.variant(micro)(params, x, y, mask=mask)
+    expected = _loop_clipped_sum(loss, params, x, y, clip, mask=np.asarray(mask))
+    chex.assert_trees_all_close(g_full, expected, rtol=1e-5, atol=1e-6)
+    chex.assert_trees_all_close(g_micro, expected, rtol=1e-5, atol=1e-6)
+    chex.assert_tree_all_finite(g_full)
+    self.assertEqual(info_micro.per_example_norms.shape, (11,))
+    np.testing.assert_allclose(info_micro.per_example_norms, info_full.per_example_norms, rtol=1e-5)
+    self.assertEqual(float(info_full.num_examples), 8.0)
+
+  def test_empty_and_single_example(self):
+    loss, params, x, y = _setup(batch=4)
+    fn = clipping.clipped_grad(loss, l2_clip_norm=0.5, batch_argnums=(1, 2))
+    g, info = jax.jit(fn)(params, x, y, mask=jnp.zeros(4, bool))
+    for leaf in jax.tree.leaves(g):
+      np.testing.assert_array_equal(leaf, 0.0)
+    self.assertEqual(float(info.num_examples), 0.0)
+    self.assertEqual(float(info.loss_sum), 0.0)
+    g1, _ = fn(params, x[:1], y[:1])
+    expected = _loop_clipped_sum(loss, params, x[:1], y[:1], 0.5)
+    chex.assert_trees_all_close(g1, expected, rtol=1e-5, atol=1e-7)
+    norm = math.sqrt(sum(float(jnp.sum(v ** 2)) for v in jax.tree.leaves(g1)))
+    self.assertLessEqual(norm, 0.5 * (1 + 1e-5))
+
+  def test_infinite_clip_is_plain_gradient_sum(self):
+    loss, params, x, y = _setup()
+    fn = clipping.clipped_grad(loss, l2_clip_norm=float("inf"), batch_argnums=(1, 2))
+    g, _ = fn(params, x, y)
+    expected = jax.grad(lambda p: jnp.sum(jax.vmap(loss, (None, 0, 0))(p, x, y)))(params)
+    chex.assert_trees_all_close(g, expected, rtol=1e-5, atol=1e-6)
+    self.assertTrue(math.isinf(fn.sensitivity))
+
+  def test_has_aux(self):
+    def loss(w, xi):
+      return jnp.sum(w * xi), {"sq": jnp.sum(xi ** 2)}
+
+    fn = clipping.clipped_grad(loss, l2_clip_norm=1.0, has_aux=True, microbatch_size=2)
+    x = jnp.arange(10.0).reshape(5, 2)
+    _, info = fn(jnp.zeros(2), x)
+    np.testing.assert_allclose(info.aux["sq"], jnp.sum(x ** 2, axis=1))
+
+  def test_per_layer_sensitivity_and_group_norms(self):
+    loss, params, x, y = _setup()
+    clip_tree = {"Dense_0": 0.3, "Dense_1": 0.4}
+    fn = clipping.clipped_grad(loss, l2_clip_norm=clip_tree, batch_argnums=(1, 2), per_layer=True)
+    self.assertAlmostEqual(fn.sensitivity, 0.5, places=12)  # sqrt(0.3^2 + 0.4^2)
+    # One example: each group of the clipped gradient has norm <= its c_k, and a
+    # group whose raw norm is below c_k is unchanged.
+    g, _ = fn(params, x[:1], y[:1])
+    raw = jax.grad(loss)(params, x[0], y[0])
+    for name, c in clip_tree.items():
+      n_clip = float(optax.global_norm(g[name]))
+      n_raw = float(optax.global_norm(raw[name]))
+      self.assertLessEqual(n_clip, c * (1 + 1e-5))
+      np.testing.assert_allclose(n_clip, min(n_raw, c), rtol=1e-5)
+    # Even split of a scalar C over the L leaves keeps the sensitivity C.
+    even = clipping.clipped_grad(loss, l2_clip_norm=2.0, batch_argnums=(1, 2), per_layer=True)
+    self.assertEqual(even.sensitivity, 2.0)
+    n_leaves = len(jax.tree.leaves(params))
+    g_even, _ = even(params, x[:1] * 100.0, y[:1])
+    for leaf in jax.tree.leaves(g_even):
+      self.assertLessEqual(float(jnp.linalg.norm(leaf)), 2.0 / math.sqrt(n_leaves) * (1 + 1e-5))
+    self.assertAlmostEqual(clipping.per_layer_sensitivity([1.0, 2.0, 2.0]), 3.0, places=12)
+
+  def test_bad_arguments(self):
+    loss, params, x, y = _setup()
+    with self.assertRaisesRegex(ValueError, "l2_clip_norm"):
+      clipping.clipped_grad(loss, l2_clip_norm=0.0)
+    with self.assertRaisesRegex(ValueError, "l2_clip_norm"):
+      clipping.clipped_grad(loss, l2_clip_norm=-1.0, per_layer=True)
+    with self.assertRaisesRegex(ValueError, "batch_argnums"):
+      clipping.clipped_grad(loss, l2_clip_norm=1.0, batch_argnums=0)
+    with self.assertRaisesRegex(ValueError, "microbatch_size"):
+      clipping.clipped_grad(loss, l2_clip_norm=1.0, microbatch_size=0)
+    fn = clipping.clipped_grad(loss, l2_clip_norm=1.0, batch_argnums=(1, 2))
+    with self.assertRaisesRegex(ValueError, "mask"):
+      fn(params, x, y, mask=jnp.ones(3))
+    bad = clipping.clipped_grad(loss, l2_clip_norm={"nope": 1.0}, batch_argnums=(1, 2), per_layer=True)
+    with self.assertRaisesRegex(ValueError, "prefix"):
+      bad(params, x, y)
+
+
+if __name__ == "__main__":
+  pytest.main([__file__])
