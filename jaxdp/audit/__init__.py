@@ -1,0 +1,57 @@
+"""Empirical privacy auditing: high-confidence lower bounds on epsilon.
+
+A DP library must show that its guarantees hold, not only state them. This
+package runs a randomized mechanism many times (vmapped over keys) on two
+neighbouring datasets, thresholds a scalar statistic of its output, and turns
+the attack's false-positive / false-negative rates into a lower bound on
+epsilon with Clopper-Pearson confidence intervals (Jagielski, Ullman, Oprea
+2020; Nasr et al. 2021). A lower bound above the claimed epsilon is a privacy
+bug found with the stated confidence.
+
+* :func:`audit_epsilon` / :class:`AuditReport` (``core``);
+* :func:`epsilon_lower_bound` on precomputed statistics;
+* worst-case neighbouring datasets and statistics (``cases``);
+* :func:`dpsgd_canary_audit`, the canary-gradient audit of DP-SGD (``canary``).
+"""
+
+from jaxdp.audit.canary import canary_mechanism
+from jaxdp.audit.canary import dpsgd_canary_audit
+from jaxdp.audit.cases import NeighbouringPair
+from jaxdp.audit.cases import exponential_mechanism_log_ratio
+from jaxdp.audit.cases import exponential_mechanism_pair
+from jaxdp.audit.cases import flipped_label_pair
+from jaxdp.audit.cases import indicator_statistic
+from jaxdp.audit.cases import l2_distance_statistic
+from jaxdp.audit.cases import projection_statistic
+from jaxdp.audit.cases import scalar_query_pair
+from jaxdp.audit.cases import teacher_vote_pair
+from jaxdp.audit.core import AuditReport
+from jaxdp.audit.core import audit_epsilon
+from jaxdp.audit.core import clopper_pearson_lower
+from jaxdp.audit.core import clopper_pearson_upper
+from jaxdp.audit.core import epsilon_from_rates
+from jaxdp.audit.core import epsilon_lower_bound
+from jaxdp.audit.core import make_trial_fn
+from jaxdp.audit.core import run_trials
+
+__all__ = [
+    "AuditReport",
+    "NeighbouringPair",
+    "audit_epsilon",
+    "canary_mechanism",
+    "clopper_pearson_lower",
+    "clopper_pearson_upper",
+    "dpsgd_canary_audit",
+    "epsilon_from_rates",
+    "epsilon_lower_bound",
+    "exponential_mechanism_log_ratio",
+    "exponential_mechanism_pair",
+    "flipped_label_pair",
+    "indicator_statistic",
+    "l2_distance_statistic",
+    "make_trial_fn",
+    "projection_statistic",
+    "run_trials",
+    "scalar_query_pair",
+    "teacher_vote_pair",
+]

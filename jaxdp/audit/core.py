@@ -384,15 +384,20 @@ def _check_confidence(confidence: Any) -> float:
 # ---------------------------------------------------------------------------
 
 
-def make_trial_fn(mechanism: Mechanism, statistic: Optional[Statistic] = None) -> Callable:
-  """Jitted ``(keys (B, ...), dataset) -> statistics (B,)``: vmap over keys.
+def make_trial_fn(mechanism: Mechanism, statistic: Optional[Statistic] = None,
+                  batched: bool = False) -> Callable:
+  """``(keys (B,), dataset) -> statistics (B,)``.
 
-  The dataset is an argument (not a closure constant), so D and D' of the same
-  shapes share one compilation.
+  ``batched=False``: ``mechanism(key, data)`` handles one key; it is vmapped
+  over the keys and jitted (the dataset is an argument, not a closure
+  constant, so D and D' of the same shapes share one compilation).
+  ``batched=True``: ``mechanism(keys, data)`` already takes the whole batch of
+  keys and returns outputs with a leading batch axis (e.g. the library's
+  training functions, which validate on the host and vmap internally); only
+  the statistic is vmapped and jitted.
   """
 
-  def one(key, data):
-    out = mechanism(key, data)
+  def reduce(out):
     s = out if statistic is None else statistic(out)
     s = jnp.asarray(s)
     if s.shape != ():
@@ -402,7 +407,21 @@ def make_trial_fn(mechanism: Mechanism, statistic: Optional[Statistic] = None) -
       )
     return s.astype(jnp.float32) if not jnp.issubdtype(s.dtype, jnp.floating) else s
 
-  return jax.jit(jax.vmap(one, in_axes=(0, None)))
+  if batched:
+    reduce_batch = jax.jit(jax.vmap(reduce))
+
+    def trial_fn(keys, data):
+      out = mechanism(keys, data)
+      leading = {int(jnp.shape(v)[0]) if jnp.ndim(v) else -1 for v in jax.tree.leaves(out)}
+      if leading != {int(keys.shape[0])}:
+        raise ValueError(
+            "with batched=True the mechanism must return outputs with a leading axis of "
+            f"size {keys.shape[0]} (one per key); got leading sizes {sorted(leading)}."
+        )
+      return reduce_batch(out)
+
+    return trial_fn
+  return jax.jit(jax.vmap(lambda key, data: reduce(mechanism(key, data)), in_axes=(0, None)))
 
 
 def run_trials(
@@ -447,6 +466,7 @@ def audit_epsilon(
     selection_fraction: float = 0.5,
     max_candidates: int = 2000,
     progress: bool = True,
+    batched: bool = False,
 ) -> AuditReport:
   """Audits a randomized mechanism: lower-bounds its epsilon from trials.
 
@@ -475,6 +495,9 @@ def audit_epsilon(
     selection_fraction: split method: fraction of trials choosing the test.
     max_candidates: split method: number of candidate thresholds.
     progress: show a tqdm progress bar.
+    batched: the mechanism takes a batch of keys ``(B,)`` and returns outputs
+      with a leading axis B (see :func:`make_trial_fn`); use it for library
+      functions that validate inputs on the host and cannot be jitted whole.
 
   Returns:
     An :class:`AuditReport` (``print(report)`` for a summary).
@@ -492,7 +515,7 @@ def audit_epsilon(
   if jax.tree_util.tree_structure(dataset) != jax.tree_util.tree_structure(neighbour):
     raise ValueError("dataset and neighbour must have the same pytree structure.")
 
-  trial_fn = make_trial_fn(mechanism, statistic)
+  trial_fn = make_trial_fn(mechanism, statistic, batched=batched)
   key_d, key_n = jax.random.split(key)
   start = time.perf_counter()
   with tqdm.tqdm(

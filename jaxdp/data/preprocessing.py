@@ -189,7 +189,8 @@ def keep_first_classes(x: Any, y: Any, c: int) -> tuple[np.ndarray, np.ndarray]:
   y = np.asarray(y)
   c = _validation.check_positive_int(c, "c")
   if x.shape[0] != y.shape[0]:
-    raise ValueError(f"x and y must have the same number of rows, got {x.shape[0]} and {y.shape[0]}.")
+    raise ValueError("x and y must have the same number of rows, got "
+                     f"{x.shape[0]} and {y.shape[0]}.")
   if y.size and c > int(y.max()) + 1:
     raise ValueError(f"c must be in [1, {int(y.max()) + 1}] (the number of classes), got {c}.")
   mask = y < c
@@ -228,11 +229,15 @@ def subsample_indices(key_or_seed: Any, num_examples: int, n: int) -> np.ndarray
 
 
 def subsample(key_or_seed: Any, x: Any, y: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
-  """A seed-determined subsample of ``n`` examples (without replacement); see :func:`subsample_indices`."""
+  """A seed-determined subsample of ``n`` examples without replacement.
+
+  See :func:`subsample_indices` (nested in ``n`` for a fixed key or seed).
+  """
   x = np.asarray(x)
   y = np.asarray(y)
   if x.shape[0] != y.shape[0]:
-    raise ValueError(f"x and y must have the same number of rows, got {x.shape[0]} and {y.shape[0]}.")
+    raise ValueError("x and y must have the same number of rows, got "
+                     f"{x.shape[0]} and {y.shape[0]}.")
   idx = subsample_indices(key_or_seed, x.shape[0], n)
   return x[idx], y[idx]
 
@@ -325,7 +330,10 @@ class TabularEncoder:
         col = np.asarray(col, dtype=str)
         pos = np.searchsorted(cats_arr, col)
         pos_c = np.minimum(pos, max(len(cats_arr) - 1, 0))
-        known = (pos < len(cats_arr)) & (cats_arr[pos_c] == col) if len(cats_arr) else np.zeros(n, bool)
+        if len(cats_arr):
+          known = (pos < len(cats_arr)) & (cats_arr[pos_c] == col)
+        else:
+          known = np.zeros(n, bool)
         block = np.zeros((n, len(cats_arr)))
         block[np.nonzero(known)[0], pos_c[known]] = 1.0
         blocks.append(block)
@@ -334,7 +342,10 @@ class TabularEncoder:
     return np.concatenate(blocks, axis=1) if blocks else np.zeros((n, 0))
 
   def transform(self, columns: Sequence[np.ndarray]) -> np.ndarray:
-    """Encodes, scales, clips to ``[-1, 1]`` (if fitted with ``scale``) and adds the constant: float32 ``[n, d]``."""
+    """Encodes, scales, clips to ``[-1, 1]`` (if fitted with ``scale``), adds the constant.
+
+    Returns float32 ``[n, d]``.
+    """
     x = self.encode_unscaled(columns)
     if not np.all(np.isfinite(x)):
       raise ValueError("numeric attributes contain NaN or inf values.")

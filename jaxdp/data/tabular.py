@@ -12,6 +12,13 @@ records only:
 4. put every record in the unit L2 ball (``unit_ball``, see
    :func:`jaxdp.data.normalize_rows`).
 
+Note on step 4 with the constant feature: every encoded record has the
+constant 1, so ``||x_i|| >= 1`` and ``unit_ball="project"`` (the paper's
+per-record normalisation, the default) maps every record onto the unit sphere;
+the constant column then holds ``1 / ||x_i||`` (positive, no longer equal
+across rows). ``unit_ball="scale"`` divides all records by the one training
+maximum norm instead, so the constant column stays constant (``1 / R``).
+
 Because the encoding, the column maxima and the per-row normalisation do not
 depend on how often a row repeats, encoding the distinct rows and gathering
 gives exactly the same arrays as encoding every record.
@@ -98,7 +105,20 @@ def build_tabular_dataset(
     unit_ball: Any,
     info: Mapping[str, Any],
 ) -> Dataset:
-  """Encodes ``table`` (fitted on ``train_idx`` rows) into a binary :class:`Dataset`."""
+  """Encodes ``table`` (fitted on ``train_idx`` rows) into a binary :class:`Dataset`.
+
+  Args:
+    name: dataset name.
+    table: parsed attributes of every row that any index refers to.
+    train_idx, test_idx: table rows of the train / test records (may repeat).
+    class_names: names of labels 0 and 1.
+    scale: divide each column by its training max absolute value and clip
+      test values to ``[-1, 1]`` (paper 003 Sec. 7.1 "maximum attribute value
+      becomes 1").
+    add_constant: append the constant feature 1 (paper 003 Sec. 7.1).
+    unit_ball: ``True``/``"project"``, ``"scale"`` or ``False`` (see above).
+    info: provenance merged into ``Dataset.info``.
+  """
   mode = resolve_unit_ball(unit_ball)
   train_rows = np.unique(train_idx)
   encoder = preprocessing.fit_tabular_encoder(

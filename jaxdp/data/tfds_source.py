@@ -7,7 +7,9 @@ loader raises its not-found error.
 
 Note: TFDS ``kddcup99``'s train split is the *full* 4,898,431-record
 ``kddcup.data.gz`` (the set paper 003 Table 1 counts), not the 10% subset in
-``shared/data``; its test split is the same ``corrected.gz``.
+``shared/data``; its test split is the same ``corrected.gz``. Records are read
+one Python dict at a time, so that path is slow and memory-hungry for 4.9M
+records (minutes, several GB); prefer the local files.
 
 By default (``download=False``) nothing is fetched: TFDS is used only if the
 dataset was already prepared in its data folder (``tfds_data_dir`` or TFDS's own
@@ -17,6 +19,7 @@ default, ``$TFDS_DATA_DIR`` / ``~/tensorflow_datasets``).
 from __future__ import annotations
 
 import importlib.util
+import os
 from typing import Any
 
 import numpy as np
@@ -83,8 +86,9 @@ def try_load(name: str, *, use_tfds: bool, tfds_data_dir: str | None,
     splits = {s: load_split(name, s, tfds_data_dir=tfds_data_dir, download=download)
               for s in ("train", "test")}
   except Exception as err:  # TFDS raises many types (KeyError, AssertionError, ...)
-    where = tfds_data_dir or "its default data_dir"
+    where = tfds_data_dir or os.environ.get("TFDS_DATA_DIR") or "~/tensorflow_datasets"
     msg = str(err).splitlines()[0][:300] if str(err) else type(err).__name__
+    hint = "" if download else "; pass download=True to let TFDS fetch and prepare it"
     return None, (f"TFDS: {TFDS_NAMES[name]!r} not available in {where} with "
-                  f"download={download} ({type(err).__name__}: {msg})")
+                  f"download={download} ({type(err).__name__}: {msg}){hint}")
   return splits, f"TFDS: {TFDS_NAMES[name]!r} ({tfds_data_dir or 'default data_dir'})"

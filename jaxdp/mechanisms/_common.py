@@ -93,3 +93,25 @@ def float_dtype_of(value: jax.Array) -> jnp.dtype:
   if jnp.issubdtype(value.dtype, jnp.floating):
     return value.dtype
   return jnp.result_type(float)
+
+
+def round_scale_up(scale: float, dtype: Any) -> np.ndarray:
+  """``scale`` as a ``dtype`` scalar, rounded *up* (never less noise than proven).
+
+  Noise scales are derived in float64; casting to float32 rounds to nearest,
+  which can shave up to half an ulp (~6e-8 relative) off the proven scale.
+  """
+  dtype = np.dtype(dtype)
+  out = np.asarray(scale, dtype=dtype)
+  if float(out) < scale:
+    out = np.nextafter(out, np.asarray(np.inf, dtype=dtype))
+  return out
+
+
+def round_inverse_scale_down(beta: float, dtype: Any) -> np.ndarray:
+  """``beta`` (an inverse scale) as a ``dtype`` scalar, rounded *down*."""
+  dtype = np.dtype(dtype)
+  out = np.asarray(beta, dtype=dtype)
+  if float(out) > beta:
+    out = np.nextafter(out, np.asarray(0.0, dtype=dtype))
+  return out

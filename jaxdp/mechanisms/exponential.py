@@ -24,8 +24,10 @@ in subsample-and-aggregate (``../shared/papers/000_tradeoffs_of_private_predicti
 Appendix C.2, Algorithm 8, Eq. 54) the score of class ``y`` is the number of
 the ``T`` teachers voting ``y``; changing one training example changes one
 teacher's vote, so one count drops by 1 and another rises by 1 (``Delta = 1``).
-If the vote moves *from* class ``a`` *to* a class ``b`` that dominates ``Z``,
-``p(a|D)/p(a|D') -> exp(2 beta)``. The proof of paper 000's Theorem 7 (Eqs.
+Already for two classes with balanced votes ``[T/2, T/2] -> [T/2+1, T/2-1]``
+the loss is ``2 beta - log 2 + log(1 + e^{-2 beta}) = beta + beta^2/2 + O(beta^4)
+> beta``; if the vote moves *from* class ``a`` *to* a class ``b`` that
+dominates ``Z`` (e.g. ``[1, T-1] -> [0, T]``), ``p(a|D)/p(a|D') -> exp(2 beta)``. The proof of paper 000's Theorem 7 (Eqs.
 56-59) drops the normaliser ``Z`` (it writes ``p(y) = exp(beta u_y)``), so
 its claim ``beta = epsilon/B`` gives ``epsilon``-DP is off by a factor of 2;
 following the correct proof, ``B`` answers with parameter ``beta`` are

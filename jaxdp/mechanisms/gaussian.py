@@ -70,6 +70,7 @@ def gaussian_noise(
 def _add_gaussian(key: jax.Array, value: Any, sigma: float) -> jax.Array:
   value = jnp.asarray(value)
   dtype = _common.float_dtype_of(value)
+  sigma = _common.round_scale_up(sigma, dtype)
   return value.astype(dtype) + gaussian_noise(key, value.shape, sigma, dtype)
 
 

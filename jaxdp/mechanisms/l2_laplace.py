@@ -122,6 +122,7 @@ def l2_laplace_mechanism(
   beta = l2_laplace_beta(l2_sensitivity, epsilon)
   value = jnp.asarray(value)
   dtype = _common.float_dtype_of(value)
+  beta = _common.round_inverse_scale_down(beta, dtype)
   return value.astype(dtype) + l2_laplace_noise(key, value.shape, beta, dtype)
 
 

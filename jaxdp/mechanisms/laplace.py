@@ -92,6 +92,7 @@ def laplace_mechanism(
   scale = laplace_scale(l1_sensitivity, epsilon)
   value = jnp.asarray(value)
   dtype = _common.float_dtype_of(value)
+  scale = _common.round_scale_up(scale, dtype)
   return value.astype(dtype) + laplace_noise(key, value.shape, scale, dtype)
 
 

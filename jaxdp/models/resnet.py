@@ -46,10 +46,14 @@ class BasicBlock(nn.Module):
     out = _group_norm(self.planes, self.max_groups)(out)
     shortcut = x
     if self.stride != 1 or in_planes != self.planes:
-      # Option A (He et al. 2016): subsample by 2 and zero-pad planes // 4 channels on each side.
-      pad = self.planes // 4
-      shortcut = x[:, ::2, ::2, :]
-      shortcut = jnp.pad(shortcut, ((0, 0), (0, 0), (0, 0), (pad, self.planes - in_planes - pad)))
+      # Option A (He et al. 2016): subsample by the stride and zero-pad the new channels
+      # evenly on both sides (planes // 4 each side when the width doubles, as in the
+      # paper's code).
+      if self.planes < in_planes:
+        raise ValueError(f"type-A shortcuts need planes >= in_planes, got {self.planes} < {in_planes}.")
+      extra = self.planes - in_planes
+      shortcut = x[:, ::self.stride, ::self.stride, :]
+      shortcut = jnp.pad(shortcut, ((0, 0), (0, 0), (0, 0), (extra // 2, extra - extra // 2)))
     return nn.relu(out + shortcut)
 
 

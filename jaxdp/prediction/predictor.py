@@ -56,6 +56,23 @@ from jaxdp.prediction import prediction_sensitivity as _ps
 from jaxdp.prediction import subsample_aggregate as _sa
 
 _STATE_FORMAT = "jaxdp.PrivatePredictor/1"
+_JIT_CACHE: dict = {}
+
+
+def _f32_at_least(value: float) -> jax.Array:
+  """float32 of a noise *scale*, rounded up (never less noise than calibrated)."""
+  out = np.float32(value)
+  if float(out) < value:
+    out = np.nextafter(out, np.float32(np.inf))
+  return jnp.float32(out)
+
+
+def _f32_at_most(value: float) -> jax.Array:
+  """float32 of an inverse scale (beta), rounded down (never less noise)."""
+  out = np.float32(value)
+  if float(out) > value:
+    out = np.nextafter(out, np.float32(0.0))
+  return jnp.float32(out)
 
 
 def _fingerprint(params: Any, calibration: dict) -> str:
@@ -73,8 +90,11 @@ def _fingerprint(params: Any, calibration: dict) -> str:
 class PrivatePredictor:
   """Base class: answers at most ``budget`` queries in total, then refuses.
 
-  Subclasses implement ``_check_queries(x)`` (host validation, returns numpy)
-  and ``_answer(params, keys, x)`` (pure, jittable: one key per row).
+  Subclasses implement ``_check_queries(x)`` (host validation, returns numpy),
+  ``_static_config()`` (hashable) and the pure, jittable
+  ``_answer(config, params, keys, x)`` (a staticmethod; one key per row). The
+  jitted answer function is shared by all predictors of one class and config,
+  so building a new predictor does not recompile.
 
   Attributes:
     budget: the inference budget B (total number of queries covered).
@@ -106,7 +126,6 @@ class PrivatePredictor:
     self._state_path = None if state_path is None else os.fspath(state_path)
     self._answered = 0
     self._lock = threading.Lock()
-    self._answer_jit = jax.jit(self._answer_with_start)
     if self._state_path is not None and os.path.exists(self._state_path):
       with open(self._state_path, encoding="utf-8") as f:
         self.load_state_dict(json.load(f))
@@ -118,7 +137,11 @@ class PrivatePredictor:
       raise ValueError(f"x must have shape (num_queries, num_features), got {arr.shape}.")
     return arr
 
-  def _answer(self, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
+  def _static_config(self) -> tuple:
+    return ()
+
+  @staticmethod
+  def _answer(config: tuple, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
     raise NotImplementedError
 
   # -- budget ------------------------------------------------------------------
@@ -141,14 +164,20 @@ class PrivatePredictor:
     """Epsilon of the answers released so far (shared accountant, float64)."""
     return self.accountant().get_epsilon(self.delta if delta is None else delta, method)
 
-  def _answer_with_start(self, params: Any, key: jax.Array, start: jax.Array,
-                         x: jax.Array) -> jax.Array:
-    idx = start + jnp.arange(x.shape[0], dtype=jnp.uint32)
-    keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(idx)
-    return self._answer(params, keys, x)
-
   def _run(self, start: int, x: np.ndarray) -> jax.Array:
-    return self._answer_jit(self._params, self._key, jnp.uint32(start), jnp.asarray(x))
+    cache_key = (type(self), self._static_config())
+    fn = _JIT_CACHE.get(cache_key)
+    if fn is None:
+      answer, config = type(self)._answer, cache_key[1]
+
+      def answer_from(params, key, first, queries):
+        # Query number i (over the predictor's life) uses fold_in(key, i).
+        idx = first + jnp.arange(queries.shape[0], dtype=jnp.uint32)
+        keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(idx)
+        return answer(config, params, keys, queries)
+
+      fn = _JIT_CACHE.setdefault(cache_key, jax.jit(answer_from))
+    return fn(self._params, self._key, jnp.uint32(start), jnp.asarray(x))
 
   def predict(self, x: Any) -> jax.Array:
     """Answers every row of ``x`` privately, or refuses the whole batch.
@@ -262,7 +291,10 @@ class PredictionSensitivityPredictor(PrivatePredictor):
            "sensitivity": calibration.sensitivity, "method": calibration.method}
     super().__init__(budget=calibration.budget, epsilon=calibration.epsilon,
                      delta=calibration.delta, query_event=calibration.query_event(), key=key,
-                     fingerprint=_fingerprint(self.weights, cal), params=self.weights,
+                     fingerprint=_fingerprint(self.weights, cal),
+                     params=(self.weights, _f32_at_most(calibration.scale)
+                             if calibration.noise == "l2_laplace"
+                             else _f32_at_least(calibration.scale)),
                      privacy_budget=privacy_budget,
                      state_path=state_path)
 
@@ -295,9 +327,14 @@ class PredictionSensitivityPredictor(PrivatePredictor):
       _validation.check_unit_ball(arr, "x")
     return arr
 
-  def _answer(self, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
-    logits = x.astype(params.dtype) @ params
-    return _ps.noisy_logits_from_keys(keys, logits, self.calibration.noise, self.calibration.scale)
+  def _static_config(self) -> tuple:
+    return (self.calibration.noise,)
+
+  @staticmethod
+  def _answer(config: tuple, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
+    weights, scale = params
+    logits = x.astype(weights.dtype) @ weights
+    return _ps.noisy_logits_from_keys(keys, logits, config[0], scale)
 
   def predict_labels(self, x: Any) -> jax.Array:
     """``argmax`` of :meth:`predict` (post-processing; spends the same budget)."""
@@ -308,11 +345,11 @@ class _VotingPredictor(PrivatePredictor):
   """Shared code of predictors that aggregate teacher votes ``vote_fn(params, x) -> (M, C)``."""
 
   def __init__(self, vote_fn: Callable[[Any, jax.Array], jax.Array], teacher_params: Any,
-               calibration: dict, **kwargs: Any):
+               calibration: dict, scale: jax.Array, **kwargs: Any):
     self._vote_fn = vote_fn
     self.teacher_params = teacher_params
     super().__init__(fingerprint=_fingerprint(teacher_params, calibration),
-                     params=teacher_params, **kwargs)
+                     params=(teacher_params, scale), **kwargs)
 
   def votes(self, x: Any) -> jax.Array:
     """The private vote histograms (never release them)."""
@@ -348,7 +385,8 @@ class SubsampleAggregatePredictor(_VotingPredictor):
       state_path: str | os.PathLike | None = None,
   ):
     self.beta = _sa.exponential_aggregation_beta(epsilon, delta, budget)
-    super().__init__(vote_fn, teacher_params, {"beta": self.beta}, budget=budget,
+    super().__init__(vote_fn, teacher_params, {"beta": self.beta}, _f32_at_most(self.beta),
+                     budget=budget,
                      epsilon=epsilon, delta=delta,
                      query_event=_sa.exponential_aggregation_event(self.beta), key=key,
                      privacy_budget=privacy_budget, state_path=state_path)
@@ -358,8 +396,13 @@ class SubsampleAggregatePredictor(_VotingPredictor):
     """Teachers given as linear softmax weights ``(T, D, C)``."""
     return cls(_sa.linear_teacher_votes, jnp.asarray(teacher_weights), **kwargs)
 
-  def _answer(self, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
-    return _sa.aggregate_exponential_from_keys(keys, self._vote_fn(params, x), self.beta)
+  def _static_config(self) -> tuple:
+    return (self._vote_fn,)
+
+  @staticmethod
+  def _answer(config: tuple, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
+    teacher_params, beta = params
+    return _sa.aggregate_exponential_from_keys(keys, config[0](teacher_params, x), beta)
 
 
 class NoisyMaxPredictor(_VotingPredictor):
@@ -386,6 +429,7 @@ class NoisyMaxPredictor(_VotingPredictor):
     self.mechanism = mechanism
     self.scale = _pate.noisy_max_scale(mechanism, epsilon, delta, budget)
     super().__init__(vote_fn, teacher_params, {"mechanism": mechanism, "scale": self.scale},
+                     _f32_at_least(self.scale),
                      budget=budget, epsilon=epsilon, delta=delta,
                      query_event=_pate.noisy_max_event(mechanism, self.scale), key=key,
                      privacy_budget=privacy_budget, state_path=state_path)
@@ -395,9 +439,13 @@ class NoisyMaxPredictor(_VotingPredictor):
     """Teachers given as linear softmax weights ``(T, D, C)``."""
     return cls(_sa.linear_teacher_votes, jnp.asarray(teacher_weights), **kwargs)
 
-  def _answer(self, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
-    return _pate.noisy_max_labels_from_keys(keys, self._vote_fn(params, x), self.mechanism,
-                                            self.scale)
+  def _static_config(self) -> tuple:
+    return (self._vote_fn, self.mechanism)
+
+  @staticmethod
+  def _answer(config: tuple, params: Any, keys: jax.Array, x: jax.Array) -> jax.Array:
+    teacher_params, scale = params
+    return _pate.noisy_max_labels_from_keys(keys, config[0](teacher_params, x), config[1], scale)
 
 
 __all__ = [

@@ -222,6 +222,7 @@ def fit_linear_batched(
     tol: float | jax.Array = 1e-6,
     linear_term: jax.Array | None = None,
     extra_l2: float | jax.Array = 0.0,
+    batch_mode: str = "vmap",
 ) -> LinearModel:
   """``jax.vmap(fit_linear)`` over a leading axis: ``xs (M, N, D)``, ``ys (M, N)``.
 
@@ -229,7 +230,8 @@ def fit_linear_batched(
   ``l2_reg``, ``extra_l2`` and ``linear_term`` may be scalars/unbatched (shared)
   or carry the leading ``M`` axis (one per problem). All inputs are validated
   on the host first. Returns a :class:`LinearModel` whose leaves have leading
-  axis ``M``.
+  axis ``M``. ``batch_mode="map"`` (or ``"auto"`` on CPU) runs the problems one
+  after the other inside one compiled call (see :func:`resolve_batch_mode`).
   """
   num_classes = _check_common(loss, num_classes, 0.0, 0.0, h, max_iter, tol)
   xs_np = _validation.check_finite_array(xs, "xs")
@@ -249,10 +251,24 @@ def fit_linear_batched(
   lin = jnp.zeros((), jnp.float32) if not has_linear else jnp.asarray(
       _validation.check_finite_array(linear_term, "linear_term"), jnp.float32)
   lin_axis = 0 if has_linear and lin.ndim == len(w_shape) + 1 else None
-  fit = lambda x, y, l, e, b: _fit(x, y, l, h, b, e, tol, loss=loss, num_classes=int(num_classes),
-                                   max_iter=int(max_iter), has_linear=has_linear)
-  return jax.vmap(fit, in_axes=(0, 0, 0 if l2.ndim else None, 0 if ex.ndim else None, lin_axis))(
-      jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), jnp.asarray(l2), jnp.asarray(ex), lin)
+  l2 = jnp.broadcast_to(jnp.asarray(l2), (m,))
+  ex = jnp.broadcast_to(jnp.asarray(ex), (m,))
+  if has_linear and lin_axis is None:
+    lin = jnp.broadcast_to(lin, (m,) + lin.shape)
+  elif not has_linear:
+    lin = jnp.zeros((m,), jnp.float32)
+  return _fit_many(jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), l2, h, lin, ex, tol,
+                   loss=loss, num_classes=int(num_classes), max_iter=int(max_iter),
+                   has_linear=has_linear, mode=resolve_batch_mode(batch_mode))
+
+
+@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear", "mode"))
+def _fit_many(xs, ys, l2s, h, lins, exs, tol, *, loss, num_classes, max_iter, has_linear, mode):
+  fit = lambda x, y, l, b, e: _fit(x, y, l, h, b, e, tol, loss=loss, num_classes=num_classes,
+                                   max_iter=max_iter, has_linear=has_linear)
+  if mode == "vmap":
+    return jax.vmap(fit)(xs, ys, l2s, lins, exs)
+  return jax.lax.map(lambda t: fit(*t), (xs, ys, l2s, lins, exs))
 
 
 class PrivateLinearModel(NamedTuple):
@@ -280,6 +296,21 @@ def is_key_batch(key: Any) -> bool:
   if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
     return key.ndim >= 1
   return key.ndim == 2
+
+
+def resolve_batch_mode(batch_mode: str) -> str:
+  """``"vmap"`` or ``"map"``; ``"auto"`` is ``"map"`` on CPU and ``"vmap"`` on accelerators.
+
+  Under ``jax.vmap`` the L-BFGS while loops run until every problem has
+  stopped and the line search's ``lax.cond`` branches become selects that
+  evaluate both sides, so on a CPU one problem at a time (``jax.lax.map``,
+  still one compiled call) is faster; on a GPU the batched matmuls win.
+  """
+  if batch_mode not in ("auto", "vmap", "map"):
+    raise ValueError(f"batch_mode must be 'auto', 'vmap' or 'map', got {batch_mode!r}.")
+  if batch_mode == "auto":
+    return "map" if jax.default_backend() == "cpu" else "vmap"
+  return batch_mode
 
 
 def require_converged(info: SolverInfo, method: str) -> None:

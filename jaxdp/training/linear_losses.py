@@ -59,8 +59,9 @@ def softmax_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
   Returns:
     ``(...)`` per-example losses.
   """
-  log_p = jax.nn.log_softmax(logits, axis=-1)
-  return -jnp.take_along_axis(log_p, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+  # One-hot contraction instead of a gather: cheaper to differentiate and vmap.
+  onehot = jax.nn.one_hot(labels, logits.shape[-1], dtype=logits.dtype)
+  return jax.nn.logsumexp(logits, axis=-1) - jnp.sum(onehot * logits, axis=-1)
 
 
 def binary_logistic(margin: jax.Array) -> jax.Array:

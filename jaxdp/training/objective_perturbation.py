@@ -197,7 +197,16 @@ def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, loss, n
                      max_iter=max_iter, has_linear=True)
 
 
-def _run(key, x, y, cal, *, loss, num_classes, l2_reg, h, max_iter, tol, normalize, method):
+@functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter", "mode"))
+def _perturbed_fit_many(keys, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, loss, num_classes,
+                        max_iter, mode):
+  fit = lambda k: _perturbed_fit(k, x, y, scale, extra_l2, l2_reg, h, tol, noise=noise, loss=loss,
+                                 num_classes=num_classes, max_iter=max_iter)
+  return jax.vmap(fit)(keys) if mode == "vmap" else jax.lax.map(fit, keys)
+
+
+def _run(key, x, y, cal, *, loss, num_classes, l2_reg, h, max_iter, tol, normalize, method,
+         batch_mode):
   num_classes = linear._check_common(loss, num_classes, l2_reg, 0.0, h, max_iter, tol)
   x = linear.check_features(x, "x", normalize=normalize)
   y = linear.check_labels(y, loss, num_classes, np.shape(x)[0])
@@ -211,10 +220,12 @@ def _run(key, x, y, cal, *, loss, num_classes, l2_reg, h, max_iter, tol, normali
       info = jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), info)
   else:
     xj, yj = jnp.asarray(x, jnp.float32), jnp.asarray(y)
-    fit = lambda k: _perturbed_fit(k, xj, yj, cal.scale, cal.extra_l2, l2_reg, h, tol,
-                                   noise=cal.noise, loss=loss, num_classes=int(num_classes),
-                                   max_iter=int(max_iter))
-    model = jax.vmap(fit)(key) if linear.is_key_batch(key) else fit(key)
+    kw = dict(noise=cal.noise, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter))
+    args = (xj, yj, cal.scale, cal.extra_l2, l2_reg, h, tol)
+    if linear.is_key_batch(key):
+      model = _perturbed_fit_many(key, *args, mode=linear.resolve_batch_mode(batch_mode), **kw)
+    else:
+      model = _perturbed_fit(key, *args, **kw)
     w, info = model.weights, model.info
   linear.require_converged(info, method)
   return linear.PrivateLinearModel(w, info, cal.event, cal)
@@ -234,12 +245,14 @@ def loss_perturbation(
     max_iter: int = 500,
     tol: float = 1e-6,
     normalize: bool = False,
+    batch_mode: str = "auto",
 ) -> linear.PrivateLinearModel:
   """Multiclass loss perturbation (paper 000 Alg. 4 for delta = 0, Alg. 5 for delta > 0).
 
   Minimises ``(1/N) sum l + (lambda/2)||theta||^2 + (1/N) tr(B^T theta) + (rho/(2N))||theta||^2``
   with ``B`` and ``rho`` from :func:`loss_perturbation_calibration`. A batch of
-  keys trains one model per key in a single vmapped call. ``epsilon = inf``
+  keys trains one model per key in a single compiled call (``batch_mode``:
+  ``"vmap"``, ``"map"`` or ``"auto"``, see :func:`jaxdp.training.linear.resolve_batch_mode`). ``epsilon = inf``
   returns exactly the non-private model. ``l2_reg >= 0`` (the guarantee does not
   depend on it).
 
@@ -251,7 +264,8 @@ def loss_perturbation(
   cal = loss_perturbation_calibration(epsilon=epsilon, delta=delta, num_examples=int(np.shape(x)[0]),
                                       num_classes=num_classes, rho=rho, neighbouring=neighbouring)
   return _run(key, x, y, cal, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
-              max_iter=max_iter, tol=tol, normalize=normalize, method="loss_perturbation")
+              max_iter=max_iter, tol=tol, normalize=normalize, method="loss_perturbation",
+              batch_mode=batch_mode)
 
 
 def objective_perturbation(
@@ -267,6 +281,7 @@ def objective_perturbation(
     max_iter: int = 500,
     tol: float = 1e-6,
     normalize: bool = False,
+    batch_mode: str = "auto",
 ) -> linear.PrivateLinearModel:
   """Binary objective perturbation (paper 003 Alg. 1; Chaudhuri et al. 2011), eps-DP.
 
@@ -279,4 +294,5 @@ def objective_perturbation(
                                            l2_reg=l2_reg, loss=loss, h=h,
                                            allow_extra_l2=allow_extra_l2)
   return _run(key, x, y, cal, loss=loss, num_classes=None, l2_reg=l2_reg, h=h, max_iter=max_iter,
-              tol=tol, normalize=normalize, method="objective_perturbation")
+              tol=tol, normalize=normalize, method="objective_perturbation",
+              batch_mode=batch_mode)

@@ -169,7 +169,7 @@ def test_l2_laplace_mechanism_beta_and_noise_norm():
   l2, eps = 0.25, 2.0
   beta = eps / l2
   assert mech.l2_laplace_beta(l2, eps) == beta
-  out = _draws(mech.l2_laplace_mechanism, value, 10_000, 3, l2_sensitivity=l2, epsilon=eps)
+  out = _draws(mech.l2_laplace_mechanism, value, 5_000, 3, l2_sensitivity=l2, epsilon=eps)
   norms = np.linalg.norm((out - 3.0).reshape(out.shape[0], -1), axis=1)
   d = value.size
   assert stats.kstest(norms, stats.gamma(a=d, scale=1 / beta).cdf).pvalue > 1e-4
@@ -183,7 +183,7 @@ def test_l2_laplace_density_ratio_bound():
   f_d = rng.normal(size=(200, 5))
   shift = rng.normal(size=(200, 5))
   shift *= 0.5 / np.linalg.norm(shift, axis=1, keepdims=True)  # ||f(D) - f(D')|| = Delta
-  z = np.asarray(mech.l2_laplace_noise(jax.random.key(4), (200, 5), 1.0), np.float64) * 10
+  z = rng.laplace(size=(200, 5)) * 10
   log_ratio = -beta * np.linalg.norm(z - f_d, axis=1) + beta * np.linalg.norm(z - f_d - shift, axis=1)
   assert np.all(log_ratio <= 1.0 + 1e-12)
   # and the bound is approached when z is far away along the shift direction
@@ -216,3 +216,30 @@ def test_mechanisms_jit_vmap_and_keys(mechanism, privacy):
   np.testing.assert_allclose(np.asarray(jax.jit(f)(keys[0], value)), eager[0], rtol=1e-5, atol=1e-5)
   assert not np.allclose(eager[0], eager[1])
   np.testing.assert_array_equal(np.asarray(f(keys[0], value)), eager[0])
+
+
+# ------------------------------------------------------------------ float32 rounding
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, jnp.bfloat16])
+def test_scales_are_rounded_towards_more_noise(dtype):
+  from jaxdp.mechanisms import _common
+  rng = np.random.default_rng(0)
+  for x in np.concatenate([rng.uniform(0.01, 100, 200), [0.1, 1 / 3, 3.730632, 2.0]]):
+    up = _common.round_scale_up(float(x), dtype)
+    down = _common.round_inverse_scale_down(float(x), dtype)
+    assert float(up) >= x and float(down) <= x
+    # tight: the next representable value on the other side is beyond x
+    assert float(np.nextafter(up, np.asarray(0, up.dtype))) < x or float(up) == x
+    assert float(np.nextafter(down, np.asarray(np.inf, down.dtype))) > x or float(down) == x
+
+
+def test_mechanism_uses_the_rounded_up_scale():
+  from jaxdp.mechanisms import _common
+  key = jax.random.key(11)
+  eps = 3.0  # 1/3 is not representable in float32
+  out = np.asarray(mech.laplace_mechanism(key, jnp.zeros(5), 1.0, eps))
+  unit = np.asarray(mech.laplace_noise(key, (5,), 1.0))
+  scale32 = _common.round_scale_up(1 / eps, np.float32)
+  assert float(scale32) > 1 / eps
+  np.testing.assert_array_equal(out, unit * scale32)

@@ -107,12 +107,12 @@ def test_l2_laplace_radius_is_gamma(dim):
     assert stats.kstest(r, stats.gamma(a=dim, scale=1.001 / beta).cdf).pvalue < P_FLOOR
 
 
-@pytest.mark.parametrize("shape", [(1,), (10,), (784, 10)])
+@pytest.mark.parametrize("shape", [(10,), (784, 10)])
 def test_l2_laplace_noise_norm_is_gamma(shape):
   """The norm of the full noise array (one radius for the whole array) is Gamma(prod(shape), 1/beta)."""
   beta = 0.5
   dim = int(np.prod(shape))
-  n = 2_000
+  n = 1_000
   noise = jax.vmap(lambda k: mech.l2_laplace_noise(k, shape, beta))(_keys(20 + dim, n))
   assert noise.shape == (n,) + shape and noise.dtype == jnp.float32
   norms = np.linalg.norm(np.asarray(noise, np.float64).reshape(n, -1), axis=1)

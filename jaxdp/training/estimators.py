@@ -1,0 +1,179 @@
+"""Thin scikit-learn-like estimators over the private linear-model functions.
+
+``PrivateLogisticRegression(epsilon=1.0, method="loss_perturbation").fit(x, y)``
+trains with one of the pure functions of :mod:`jaxdp.training.output_perturbation`
+/ :mod:`jaxdp.training.objective_perturbation`, then records the method's
+DpEvent in the given accountant (a :class:`jaxdp.accounting.PrivacyAccountant`
+or a budget-enforcing :class:`jaxdp.accounting.PrivacyBudget`). With a budget,
+``can_spend`` is checked *before* touching the data, and the weights are only
+stored after ``spend`` succeeded, so a refused spend releases nothing.
+
+Every ``fit`` draws fresh noise from a new key (``seed`` plus a fit counter),
+never reusing a key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdp import _validation
+from jaxdp.accounting import events
+from jaxdp.training import linear, objective_perturbation, output_perturbation
+
+METHODS = ("loss_perturbation", "model_sensitivity", "objective_perturbation",
+           "output_perturbation", "non_private")
+
+
+class PrivateLinearClassifier:
+  """Private linear classifier with ``fit`` / ``predict`` / ``predict_proba`` / ``score``.
+
+  Args:
+    epsilon: privacy parameter (``inf`` only with ``method="non_private"`` or to
+      reproduce the non-private model through a private method).
+    delta: 0 for pure DP, > 0 for the Gaussian variants (loss perturbation,
+      model sensitivity).
+    method: one of :data:`METHODS`. ``loss_perturbation`` (paper 000 Alg. 4/5)
+      and ``model_sensitivity`` (Alg. 1/3) use the softmax loss for any number
+      of classes; ``objective_perturbation`` (paper 003 Alg. 1) and
+      ``output_perturbation`` (Alg. 4) are binary, with ``loss`` ``"logistic"``
+      or ``"huber"``.
+    l2_reg: ``lambda`` of ``(lambda/2)||theta||^2`` (> 0 where the sensitivity divides by it).
+    loss: binary loss for the binary methods.
+    h: Huberized hinge width.
+    accountant: where each fit's DpEvent is spent (None: not recorded; the
+      event is still available as ``self.event_``).
+    seed: integer seed of the noise keys.
+    normalize: project rows outside the unit ball onto it (otherwise they raise).
+    max_iter, tol: solver settings.
+  """
+
+  def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
+               l2_reg: float = 1e-3, loss: str = "logistic", h: float = 0.5,
+               accountant: Any = None, seed: int = 0, normalize: bool = False,
+               max_iter: int = 500, tol: float = 1e-6):
+    if method not in METHODS:
+      raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+    self.delta = _validation.check_delta(delta, "delta")
+    self.method = method
+    self.l2_reg = l2_reg
+    self.loss = loss
+    self.h = h
+    self.accountant = accountant
+    self.seed = int(seed)
+    self.normalize = normalize
+    self.max_iter = max_iter
+    self.tol = tol
+    self._num_fits = 0
+
+  def _predicted_event(self, n: int, num_classes: int):
+    """The event a fit will spend (computed from the calibration only, no data access)."""
+    if self.method == "non_private":
+      return events.NonPrivateDpEvent()
+    if self.method == "loss_perturbation":
+      return objective_perturbation.loss_perturbation_calibration(
+          epsilon=self.epsilon, delta=self.delta, num_examples=n, num_classes=num_classes).event
+    if self.method == "objective_perturbation":
+      return objective_perturbation.objective_perturbation_calibration(
+          epsilon=self.epsilon, num_examples=n, l2_reg=self.l2_reg, loss=self.loss, h=self.h).event
+    return output_perturbation.output_perturbation_calibration(
+        num_examples=n, l2_reg=self.l2_reg, epsilon=self.epsilon, delta=self.delta).event
+
+  def fit(self, x: Any, y: Any) -> "PrivateLinearClassifier":
+    """Trains privately and spends the method's DpEvent in ``accountant``."""
+    x_np = np.asarray(x)
+    y_np = np.asarray(y)
+    if y_np.ndim != 1 or y_np.shape[0] != x_np.shape[0]:
+      raise ValueError(f"y must have shape ({x_np.shape[0]},), got {y_np.shape}.")
+    classes, y_idx = np.unique(y_np, return_inverse=True)
+    if classes.size < 2:
+      raise ValueError("y must contain at least two classes.")
+    binary_method = self.method in ("objective_perturbation", "output_perturbation")
+    if binary_method and classes.size != 2:
+      raise ValueError(f"method={self.method!r} is binary; y has {classes.size} classes.")
+    n = x_np.shape[0]
+    event = self._predicted_event(n, classes.size)
+    if self.accountant is not None and hasattr(self.accountant, "can_spend"):
+      if not self.accountant.can_spend(event):
+        from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
+        raise BudgetExceededError(f"fitting would exceed the privacy budget ({event}).")
+    key = jax.random.fold_in(jax.random.key(self.seed), self._num_fits)
+    self._num_fits += 1
+    common = dict(max_iter=self.max_iter, tol=self.tol, normalize=self.normalize)
+    if self.method == "non_private":
+      x_c = linear.check_features(x_np, "x", normalize=self.normalize)
+      res = linear.fit_linear(x_c, y_idx, num_classes=classes.size, l2_reg=self.l2_reg,
+                              max_iter=self.max_iter, tol=self.tol)
+      weights, ev = res.weights, events.NonPrivateDpEvent()
+    elif self.method == "loss_perturbation":
+      res = objective_perturbation.loss_perturbation(
+          key, x_np, y_idx, num_classes=classes.size, epsilon=self.epsilon, delta=self.delta,
+          l2_reg=self.l2_reg, **common)
+      weights, ev = res.weights, res.event
+    elif self.method == "model_sensitivity":
+      res = output_perturbation.model_sensitivity(
+          key, x_np, y_idx, num_classes=classes.size, l2_reg=self.l2_reg, epsilon=self.epsilon,
+          delta=self.delta, **common)
+      weights, ev = res.weights, res.event
+    elif self.method == "objective_perturbation":
+      res = objective_perturbation.objective_perturbation(
+          key, x_np, y_idx, epsilon=self.epsilon, l2_reg=self.l2_reg, loss=self.loss, h=self.h,
+          **common)
+      weights, ev = res.weights, res.event
+    else:
+      res = output_perturbation.output_perturbation(
+          key, x_np, y_idx, l2_reg=self.l2_reg, loss=self.loss, h=self.h, epsilon=self.epsilon,
+          delta=self.delta, **common)
+      weights, ev = res.weights, res.event
+    if self.accountant is not None:
+      self.accountant.spend(ev)  # may raise BudgetExceededError: then nothing is stored
+    self.classes_ = classes
+    self.coef_ = np.asarray(weights)
+    self.event_ = ev
+    self.solver_info_ = res.info if hasattr(res, "info") else None
+    return self
+
+  def _check_fitted(self):
+    if not hasattr(self, "coef_"):
+      raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+
+  def decision_function(self, x: Any) -> np.ndarray:
+    """Scores ``x @ W``: ``(N, C)`` or ``(N,)`` for binary weights."""
+    self._check_fitted()
+    x = np.asarray(x, np.float32)
+    if self.normalize:
+      x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1.0)
+    return np.asarray(linear.linear_logits(jnp.asarray(self.coef_), jnp.asarray(x)))
+
+  def predict_proba(self, x: Any) -> np.ndarray:
+    """Softmax (multiclass) or ``[1 - s, s]`` with ``s = sigmoid(score)`` (binary)."""
+    scores = self.decision_function(x)
+    if scores.ndim == 1:
+      p = 1.0 / (1.0 + np.exp(-scores))
+      return np.stack([1.0 - p, p], axis=1)
+    scores = scores - scores.max(axis=1, keepdims=True)
+    e = np.exp(scores)
+    return e / e.sum(axis=1, keepdims=True)
+
+  def predict(self, x: Any) -> np.ndarray:
+    """Most probable class label (in the original label values)."""
+    return self.classes_[np.argmax(self.predict_proba(x), axis=1)]
+
+  def score(self, x: Any, y: Any) -> float:
+    """Mean accuracy on ``(x, y)``."""
+    return float(np.mean(self.predict(x) == np.asarray(y)))
+
+
+class PrivateLogisticRegression(PrivateLinearClassifier):
+  """Private (multinomial) logistic regression; default method: loss perturbation (paper 000 Alg. 4/5)."""
+
+  def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
+               l2_reg: float = 1e-3, accountant: Any = None, seed: int = 0,
+               normalize: bool = False, max_iter: int = 500, tol: float = 1e-6):
+    super().__init__(epsilon=epsilon, delta=delta, method=method, l2_reg=l2_reg, loss="logistic",
+                     accountant=accountant, seed=seed, normalize=normalize, max_iter=max_iter,
+                     tol=tol)

@@ -1,0 +1,71 @@
+"""Tests of the Flax models used with DP-SGD (paper 000 Section 4.3 for ResNet-20)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdp import models
+
+
+def _num_params(model, shape):
+  variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros(shape))
+  return sum(int(np.prod(v.shape)) for v in jax.tree.leaves(variables))
+
+
+def test_parameter_counts():
+  assert _num_params(models.LinearClassifier(), (1, 784)) == 784 * 10 + 10
+  assert _num_params(models.MLP(hidden_sizes=(256,)), (1, 784)) == 784 * 256 + 256 + 256 * 10 + 10
+  # SmallCNN: conv 8x8x1x16 + 16, conv 4x4x16x32 + 32, dense (4*4*32)x32 + 32, dense 32x10 + 10.
+  assert _num_params(models.SmallCNN(), (1, 784)) == (
+      8 * 8 * 16 + 16 + 4 * 4 * 16 * 32 + 32 + 512 * 32 + 32 + 32 * 10 + 10)
+  # ResNet-20 (He et al. 2016 Sec. 4.2, "0.27M"): 19 bias-free 3x3 convs, type-A
+  # shortcuts without parameters, 19 GroupNorms (scale + bias), one dense layer.
+  convs = 3 * 9 * 16 + 6 * 9 * 16 * 16 + (9 * 16 * 32 + 5 * 9 * 32 * 32) + (9 * 32 * 64 + 5 * 9 * 64 * 64)
+  norms = 2 * (7 * 16 + 6 * 32 + 6 * 64)
+  assert _num_params(models.ResNet20(), (1, 32, 32, 3)) == convs + norms + 64 * 10 + 10 == 269_722
+
+
+def test_output_shapes_and_groupnorm_groups():
+  x = jnp.ones((2, 784))
+  for m in (models.LinearClassifier(), models.MLP(), models.SmallCNN()):
+    v = jax.eval_shape(m.init, jax.random.key(0), x)
+    assert jax.eval_shape(m.apply, v, x).shape == (2, 10)
+  r = models.ResNet20(blocks_per_stage=1)
+  v = jax.eval_shape(r.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  gn = {k: p for k, p in v["params"].items() if k.startswith("GroupNorm")}
+  assert gn and all(p["scale"].shape == (16,) for p in gn.values())
+  # GroupNorm(min(32, C)) as in the paper's code; the module records num_groups.
+  assert models.resnet._group_norm(64, 32).num_groups == 32
+  assert models.resnet._group_norm(16, 32).num_groups == 16
+
+
+def test_type_a_shortcut_shapes():
+  block = models.BasicBlock(planes=32, stride=2)
+  x = jax.random.normal(jax.random.key(0), (1, 8, 8, 16))
+  v = jax.eval_shape(block.init, jax.random.key(1), x)
+  assert jax.eval_shape(block.apply, v, x).shape == (1, 4, 4, 32)
+  # Only the two convolutions and two norms carry parameters (no projection shortcut).
+  assert sorted(v["params"]) == ["Conv_0", "Conv_1", "GroupNorm_0", "GroupNorm_1"]
+
+
+def test_resnet_examples_are_independent():
+  # GroupNorm normalises each example alone, so a per-example gradient depends
+  # only on that example (what per-example clipping needs; BatchNorm fails this).
+  model = models.ResNet20(blocks_per_stage=1, widths=(8, 16, 16), max_groups=4)
+  x = jax.random.normal(jax.random.key(0), (3, 12, 12, 3))  # small images keep compile time low
+  v = jax.jit(model.init)(jax.random.key(1), x[:1])
+  apply = jax.jit(model.apply)
+  batched = apply(v, x)
+  alone = jnp.concatenate([apply(v, x[i:i + 1]) for i in range(3)])
+  np.testing.assert_allclose(batched, alone, rtol=1e-4, atol=1e-5)
+  x2 = x.at[2].set(100.0 * x[2])
+  np.testing.assert_allclose(apply(v, x2)[:2], batched[:2], rtol=1e-4, atol=1e-5)
+  assert batched.shape == (3, 10)
+
+
+@pytest.mark.parametrize("shape", [(2, 784), (2, 28, 28), (2, 28, 28, 1)])
+def test_cnn_accepts_mnist_layouts(shape):
+  m = models.SmallCNN()
+  v = jax.eval_shape(m.init, jax.random.key(0), jnp.zeros(shape))
+  assert jax.eval_shape(m.apply, v, jnp.zeros(shape)).shape == (2, 10)

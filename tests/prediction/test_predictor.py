@@ -1,0 +1,149 @@
+"""Tests of the budget-enforcing private predictors."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdp.accounting.accountant import PrivacyBudget
+from jaxdp.errors import BudgetExceededError
+from jaxdp.prediction import predictor as pr
+from jaxdp.prediction import subsample_aggregate as sa
+
+D, C = 4, 3
+
+
+def _weights(seed=0):
+  return np.random.default_rng(seed).normal(size=(D, C)).astype(np.float32)
+
+
+def _queries(m, seed=1):
+  x = np.random.default_rng(seed).normal(size=(m, D))
+  return (x / (1.5 * np.linalg.norm(x, axis=1, keepdims=True))).astype(np.float32)
+
+
+def _ps_predictor(budget=5, delta=0.0, seed=0, **kwargs):
+  return pr.PredictionSensitivityPredictor.from_weights(
+      _weights(seed), num_examples=500, l2_reg=0.1, epsilon=1.0, delta=delta, budget=budget,
+      key=jax.random.key(42), **kwargs)
+
+
+def test_answers_up_to_budget_then_refuses_whole_batches():
+  p = _ps_predictor(budget=5)
+  assert p.predict(_queries(3)).shape == (3, C)
+  with pytest.raises(BudgetExceededError):
+    p.predict(_queries(3))  # would cross: refused whole
+  assert p.queries_answered == 3 and p.remaining_queries == 2
+  assert p.predict(_queries(2)).shape == (2, C)
+  with pytest.raises(BudgetExceededError):
+    p.predict(_queries(1))  # the (B+1)-th query
+  assert p.queries_answered == 5
+  assert p.predict(_queries(0)).shape == (0, C)  # an empty batch spends nothing
+  assert p.spent_epsilon() == pytest.approx(1.0, rel=1e-9)
+
+
+def test_single_queries_b_plus_one_refused():
+  p = _ps_predictor(budget=3, delta=1e-5)
+  for i in range(3):
+    p.predict(_queries(1, seed=i))
+  with pytest.raises(BudgetExceededError):
+    p.predict(_queries(1))
+  assert p.spent_epsilon() <= 1.0 * (1 + 1e-3)
+
+
+def test_bad_queries_raise_before_spending():
+  p = _ps_predictor(budget=5)
+  with pytest.raises(ValueError, match="unit L2 ball"):
+    p.predict(3.0 * _queries(2))
+  with pytest.raises(ValueError, match="features"):
+    p.predict(np.zeros((2, D + 1), np.float32))
+  with pytest.raises(ValueError, match="NaN"):
+    p.predict(np.full((1, D), np.nan, np.float32))
+  assert p.queries_answered == 0
+
+
+def test_fresh_noise_per_query_and_determinism():
+  x = _queries(1)
+  p = _ps_predictor(budget=4)
+  a, b = p.predict(x), p.predict(x)
+  assert not np.allclose(np.asarray(a), np.asarray(b))
+  q = _ps_predictor(budget=4)  # same key, same query sequence -> same answers
+  np.testing.assert_array_equal(np.asarray(q.predict(x)), np.asarray(a))
+  # Noise has the calibrated scale: answers differ from the exact logits.
+  assert not np.allclose(np.asarray(a), x @ _weights())
+
+
+def test_state_path_restart_keeps_spent_budget(tmp_path):
+  path = tmp_path / "pred.json"
+  p = _ps_predictor(budget=5, state_path=path)
+  first = np.asarray(p.predict(_queries(3)))
+  saved = json.loads(path.read_text())
+  assert saved["queries_answered"] == 3 and "key" not in json.dumps(saved).lower().replace(
+      "query_event", "")
+  restarted = _ps_predictor(budget=5, state_path=path)  # e.g. after a process restart
+  assert restarted.queries_answered == 3
+  nxt = np.asarray(restarted.predict(_queries(2)))
+  # No noise reuse across the restart: query 3 differs from query 0 on the same input.
+  assert not np.allclose(nxt[0], first[0])
+  with pytest.raises(BudgetExceededError):
+    restarted.predict(_queries(1))
+  assert json.loads(path.read_text())["queries_answered"] == 5
+
+
+def test_state_dict_round_trip_and_refusals():
+  p = _ps_predictor(budget=5)
+  p.predict(_queries(2))
+  state = p.state_dict()
+  q = _ps_predictor(budget=5)
+  q.load_state_dict(state)
+  assert q.queries_answered == 2
+  q.predict(_queries(1))
+  with pytest.raises(ValueError, match="reset"):
+    q.load_state_dict(state)  # would lower the count
+  with pytest.raises(ValueError, match="fingerprint"):
+    _ps_predictor(budget=5, seed=9).load_state_dict(state)  # other model
+  with pytest.raises(ValueError, match="budget"):
+    _ps_predictor(budget=6).load_state_dict(state)
+
+
+def test_shared_privacy_budget_refuses_whole_batch():
+  shared = PrivacyBudget(epsilon=0.5)  # half of the predictor's eps=1 over B=10
+  p = _ps_predictor(budget=10, privacy_budget=shared)
+  p.predict(_queries(4))  # 4 x 0.1
+  with pytest.raises(BudgetExceededError):
+    p.predict(_queries(2))
+  assert p.queries_answered == 4
+  assert shared.spent_epsilon() == pytest.approx(0.4, rel=1e-9)
+  p.predict(_queries(1))
+  assert shared.spent_epsilon() == pytest.approx(0.5, rel=1e-9)
+
+
+def _teacher_weights(t=9, seed=0):
+  return np.random.default_rng(seed).normal(size=(t, D, C)).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["exponential", "lnmax", "gnmax"])
+def test_voting_predictors(kind):
+  w = _teacher_weights()
+  kwargs = dict(epsilon=1.0, budget=6, key=jax.random.key(3))
+  if kind == "exponential":
+    p = pr.SubsampleAggregatePredictor.from_linear_teachers(w, delta=0.0, **kwargs)
+    assert p.beta == pytest.approx(1.0 / 12)
+  else:
+    p = pr.NoisyMaxPredictor.from_linear_teachers(
+        w, mechanism=kind, delta=1e-5 if kind == "gnmax" else 0.0, **kwargs)
+  x = np.random.default_rng(5).normal(size=(6, D)).astype(np.float32)
+  labels = np.asarray(p.predict(x))
+  assert labels.shape == (6,) and labels.min() >= 0 and labels.max() < C
+  np.testing.assert_array_equal(np.asarray(p.votes(x)), np.asarray(sa.linear_teacher_votes(w, x)))
+  with pytest.raises(BudgetExceededError):
+    p.predict(x[:1])
+  assert p.spent_epsilon() <= 1.0 * (1 + 1e-3)
+  # Different teachers -> a saved state does not load.
+  other = type(p).from_linear_teachers(_teacher_weights(seed=1), **(
+      dict(delta=0.0) if kind == "exponential" else
+      dict(mechanism=kind, delta=1e-5 if kind == "gnmax" else 0.0)), **kwargs)
+  with pytest.raises(ValueError, match="fingerprint"):
+    other.load_state_dict(p.state_dict())

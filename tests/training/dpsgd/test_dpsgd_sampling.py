@@ -1,0 +1,71 @@
+"""Tests of Poisson sampling with static padding (the accountant's sampling model)."""
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxdp.training.dpsgd import sampling
+
+
+def test_padded_size_is_binomial_tail_bound():
+  for n, q, p in [(60_000, 256 / 60_000, 1e-9), (1000, 0.05, 1e-6), (50, 0.5, 1e-3)]:
+    k = sampling.padded_batch_size(n, q, p)
+    assert stats.binom.sf(k, n, q) <= p
+    assert stats.binom.sf(k - 1, n, q) > p  # smallest such k
+  assert sampling.padded_batch_size(60_000, 256 / 60_000, 1e-9, multiple_of=8) % 8 == 0
+  assert sampling.padded_batch_size(10, 1.0) == 10
+
+
+def test_poisson_sample_statistics():
+  n, q, reps = 2000, 0.03, 300
+  keys = jax.random.split(jax.random.key(0), reps)
+  sizes, counts = [], np.zeros(n)
+  for k in keys:
+    idx = sampling.poisson_sample_indices(k, n, q)
+    sizes.append(len(idx))
+    counts[idx] += 1
+  sizes = np.asarray(sizes)
+  # Binomial(N, q): mean 60, sd 7.63; the mean of 300 draws has s.e. 0.44.
+  assert abs(sizes.mean() - n * q) < 4 * np.sqrt(n * q * (1 - q) / reps)
+  np.testing.assert_allclose(sizes.var(ddof=1), n * q * (1 - q), rtol=0.25)
+  # Each example is included independently w.p. q: overall frequency and a chi-square check.
+  freq = counts / reps
+  assert abs(freq.mean() - q) < 0.002
+  chi2 = np.sum((counts - reps * q) ** 2 / (reps * q * (1 - q)))
+  assert stats.chi2.sf(chi2, n) > 1e-4
+  # Same key, same sample.
+  np.testing.assert_array_equal(sampling.poisson_sample_indices(keys[0], n, q),
+                                sampling.poisson_sample_indices(keys[0], n, q))
+
+
+def test_pad_split_raise_and_empty():
+  idx = np.arange(23, dtype=np.int32) * 3
+  chunks = sampling.pad_and_split(idx, 10)
+  assert len(chunks) == 3 and all(c.indices.shape == (10,) for c in chunks)
+  got = np.concatenate([c.indices[c.mask] for c in chunks])
+  np.testing.assert_array_equal(got, idx)  # every sampled example exactly once
+  assert sum(c.num_examples for c in chunks) == 23
+  with pytest.raises(sampling.BatchOverflowError):
+    sampling.pad_and_split(idx, 10, on_overflow="raise")
+  (empty,) = sampling.pad_and_split(np.zeros(0, np.int32), 10)
+  assert empty.num_examples == 0 and empty.indices.shape == (10,)
+  with pytest.raises(ValueError, match="on_overflow"):
+    sampling.pad_and_split(idx, 10, on_overflow="truncate")
+
+
+def test_sampler():
+  s = sampling.PoissonSampler(1000, 0.1, overflow_prob=1e-6)
+  assert s.expected_batch_size == pytest.approx(100.0)
+  assert s.padded_size == sampling.padded_batch_size(1000, 0.1, 1e-6)
+  chunks = s.sample(jax.random.key(1))
+  assert len(chunks) == 1 and chunks[0].indices.shape == (s.padded_size,)
+  small = sampling.PoissonSampler(1000, 0.1, padded_size=16)
+  assert len(small.sample(jax.random.key(1))) >= 5  # ~100 examples in chunks of 16
+  for bad in [dict(sample_rate=0.0), dict(sample_rate=1.5)]:
+    with pytest.raises(ValueError, match="sample_rate"):
+      sampling.PoissonSampler(1000, **bad)
+  with pytest.raises(ValueError, match="padded_size"):
+    sampling.PoissonSampler(1000, 0.1, padded_size=10, multiple_of=4)
+  with pytest.raises(ValueError, match="overflow_prob"):
+    sampling.padded_batch_size(1000, 0.1, overflow_prob=0.0)

@@ -1,0 +1,161 @@
+"""Tests of the DP-SGD training loop: calibration, accounting, accumulation, nnx, MNIST."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from jaxdp import data as jdata
+from jaxdp import models
+from jaxdp.accounting import dpsgd as dpsgd_accounting
+from jaxdp.accounting import events
+from jaxdp.accounting.accountant import PrivacyAccountant, PrivacyBudget
+from jaxdp.errors import BudgetExceededError
+from jaxdp.training import dpsgd
+
+
+def _toy(n=400, d=10, c=3, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  y = np.argmax(x @ rng.normal(size=(d, c)), axis=1).astype(np.int32)
+  return x, y
+
+
+class _Recorder:
+  def __init__(self):
+    self.calls = []
+
+  def spend(self, event, count=1):
+    self.calls.append((event, count))
+
+
+def test_accountant_receives_q_steps_and_calibrated_sigma():
+  x, y = _toy()
+  rec = _Recorder()
+  res = dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(0),
+                          epochs=1.5, l2_clip_norm=1.0, delta=1e-5, expected_batch_size=40,
+                          target_epsilon=3.0, accountant=rec)
+  q = 40 / 400
+  assert res.sample_rate == pytest.approx(q)
+  assert res.steps == math.ceil(1.5 / q) == 15
+  assert res.expected_batch_size == pytest.approx(40.0)
+  sigma = res.noise_multiplier
+  # Calibrated through the shared accountant for exactly (q, T): meets the target,
+  # and 1% less noise would not (so it is not grossly over-noised either).
+  assert dpsgd_accounting.dpsgd_epsilon(sigma, q, 15, 1e-5) <= 3.0
+  assert dpsgd_accounting.dpsgd_epsilon(0.99 * sigma, q, 15, 1e-5) > 3.0
+  ((event, count),) = rec.calls
+  assert count == 1
+  assert isinstance(event, events.SelfComposedDpEvent) and event.count == 15
+  assert isinstance(event.event, events.PoissonSampledDpEvent)
+  assert event.event.sampling_probability == pytest.approx(q, rel=1e-15)
+  assert event.event.event.noise_multiplier == pytest.approx(sigma, rel=1e-15)
+  # Reported epsilon is the accountant's, and meets the target.
+  assert res.epsilon == pytest.approx(dpsgd_accounting.dpsgd_epsilon(sigma, q, 15, 1e-5), rel=1e-12)
+  assert 2.9 < res.epsilon <= 3.0
+  # The shared accountant gives the same epsilon from its ledger.
+  acc = PrivacyAccountant()
+  dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(0), epochs=1.5,
+                    l2_clip_norm=1.0, delta=1e-5, sample_rate=q, noise_multiplier=sigma, accountant=acc)
+  assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(res.epsilon, rel=1e-9)
+
+
+def test_budget_refused_before_training():
+  x, y = _toy()
+  budget = PrivacyBudget(epsilon=0.5, delta=1e-5)
+  with pytest.raises(BudgetExceededError):
+    dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(0), epochs=1,
+                      l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1, noise_multiplier=0.8,
+                      accountant=budget)
+  assert budget.accountant.ledger == ()
+
+
+def test_accumulation_matches_single_chunk_and_overflow_raise():
+  x, y = _toy()
+  model = models.MLP(hidden_sizes=(8,), num_classes=3)
+  common = dict(key=jax.random.key(3), epochs=0.5, l2_clip_norm=0.5, delta=1e-5, sample_rate=0.1,
+                noise_multiplier=1.0, learning_rate=0.5, accountant=None)
+  one = dpsgd.train_dpsgd(model, x, y, **common)
+  acc = dpsgd.train_dpsgd(model, x, y, physical_batch_size=8, **common)  # ~40 examples in chunks of 8
+  assert acc.padded_size == 8 and one.padded_size > 40
+  for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(acc.params)):
+    np.testing.assert_allclose(a, b, atol=2e-6)
+  with pytest.raises(dpsgd.BatchOverflowError):
+    dpsgd.train_dpsgd(model, x, y, physical_batch_size=8, on_overflow="raise", **common)
+
+
+def test_nnx_model_and_zero_noise_is_recorded_non_private():
+  x, y = _toy()
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.lin = nnx.Linear(10, 3, rngs=rngs)
+
+    def __call__(self, z):
+      return self.lin(z)
+
+  net = Net(nnx.Rngs(0))
+  before = np.asarray(net.lin.kernel[...]).copy()
+  acc = PrivacyAccountant()
+  res = dpsgd.train_dpsgd(net, x, y, key=jax.random.key(1), epochs=2, l2_clip_norm=1.0, delta=1e-5,
+                          sample_rate=0.2, noise_multiplier=0.0, learning_rate=1.0, accountant=acc,
+                          optimizer=optax.sgd(1.0))
+  assert math.isinf(res.epsilon)
+  assert isinstance(acc.ledger[0][0], events.NonPrivateDpEvent)
+  after = np.asarray(net.lin.kernel[...])
+  assert np.abs(after - before).max() > 1e-2  # trained params were written back
+  acc_train = float(np.mean(np.argmax(net(jnp.asarray(x)), 1) == y))
+  assert acc_train > 0.8
+
+
+def test_bad_arguments():
+  x, y = _toy()
+  m = models.LinearClassifier(num_classes=3)
+  base = dict(key=jax.random.key(0), epochs=1, l2_clip_norm=1.0, delta=1e-5)
+  with pytest.raises(ValueError, match="exactly one of target_epsilon"):
+    dpsgd.train_dpsgd(m, x, y, sample_rate=0.1, **base)
+  with pytest.raises(ValueError, match="exactly one of sample_rate"):
+    dpsgd.train_dpsgd(m, x, y, noise_multiplier=1.0, **base)
+  with pytest.raises(ValueError, match="delta"):
+    dpsgd.train_dpsgd(m, x, y, sample_rate=0.1, noise_multiplier=1.0,
+                      **dict(base, delta=0.0))
+  with pytest.raises(ValueError, match="l2_clip_norm"):
+    dpsgd.train_dpsgd(m, x, y, sample_rate=0.1, noise_multiplier=1.0,
+                      **dict(base, l2_clip_norm=float("inf")))
+
+
+def _mnist_linear(data_dir, n_train, epochs, batch, lr):
+  ds = jdata.load("mnist", data_dir=data_dir)
+  model = models.LinearClassifier()
+  res = dpsgd.train_dpsgd(model, ds.x_train[:n_train], ds.y_train[:n_train], key=jax.random.key(0),
+                          epochs=epochs, l2_clip_norm=1.0, delta=1e-5, expected_batch_size=batch,
+                          target_epsilon=1.0, optimizer=optax.sgd(lr, momentum=0.9), accountant=None)
+  acc = dpsgd.accuracy(lambda p, xb: model.apply({"params": p}, xb), res.params, ds.x_test, ds.y_test)
+  return res, acc
+
+
+@pytest.mark.data
+def test_mnist_linear_eps1_subset(data_dir):
+  # 20k training images, expected batch 500 (q = 0.025), 2 epochs = 80 steps,
+  # sigma calibrated to (1, 1e-5) ~ 1.38. A non-private linear model reaches ~92%
+  # on MNIST; paper 000 Fig. 1b reports ~88-90% for DP-SGD linear models at
+  # eps = 1, delta = 1e-5 on the full 60k. This run gives 89.0% (seed 0); we
+  # require >= 86%, well above the 10% of chance and the ~80% of an untrained-
+  # quality or mis-scaled-noise model.
+  res, acc = _mnist_linear(data_dir, 20_000, 2, 500, 1.0)
+  assert res.epsilon <= 1.0 and res.steps == 80
+  assert acc >= 0.86, acc
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_mnist_linear_eps1_full(data_dir):
+  # Full 60k, expected batch 1000 (q = 1/60), 3 epochs = 180 steps, sigma ~ 1.31:
+  # 91.1% measured (seed 0); required >= 90%.
+  res, acc = _mnist_linear(data_dir, 60_000, 3, 1000, 1.0)
+  assert res.epsilon <= 1.0 and res.steps == 180
+  assert acc >= 0.90, acc
