@@ -323,7 +323,7 @@ class PrivacyBudget:
       raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
     self.method = method
     self.accountant = accountant if accountant is not None else PrivacyAccountant()
-    if self.spent_epsilon() > self._limit():
+    if not self._within_limit(self.accountant):
       raise BudgetExceededError("the given accountant has already spent more than this budget.")
 
   def _limit(self) -> float:
@@ -342,17 +342,34 @@ class PrivacyBudget:
   def remaining_epsilon(self) -> float:
     return max(self.epsilon - self.spent_epsilon(), 0.0)
 
+  def _within_limit(self, acc: PrivacyAccountant) -> bool:
+    """Whether some valid bound keeps ``acc`` within the budget.
+
+    Cheap bounds are tried first: any one of them at or below the limit
+    suffices, so the (slow) PLD accountant only runs near the limit.
+    """
+    if self.method != "auto":
+      return self._epsilon_of(acc) <= self._limit()
+    methods = ("pure",) if self.delta == 0 else ("basic", "zcdp", "rdp", "pld")
+    for method in methods:
+      try:
+        if acc.get_epsilon(self.delta, method) <= self._limit():
+          return True
+      except UnsupportedEventError:
+        continue
+    return False
+
   def can_spend(self, event: ev.DpEvent, count: int = 1) -> bool:
     trial = self.accountant.copy()
     trial.spend(event, count)
-    return self._epsilon_of(trial) <= self._limit()
+    return self._within_limit(trial)
 
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
     """Spends ``count`` × ``event`` or raises BudgetExceededError (spending nothing)."""
     trial = self.accountant.copy()
     trial.spend(event, count)
-    total = self._epsilon_of(trial)
-    if total > self._limit():
+    if not self._within_limit(trial):
+      total = self._epsilon_of(trial)
       raise BudgetExceededError(
           f"spending {count} x {event} would bring epsilon to {total:.6g} at delta={self.delta}, "
           f"over the budget epsilon={self.epsilon}; nothing was spent "

@@ -72,7 +72,9 @@ def gumbel_max(key: jax.Array, logits: Any, axis: int = -1) -> jax.Array:
   """
   logits = jnp.asarray(logits)
   dtype = _common.float_dtype_of(logits)
-  noise = jax.random.gumbel(key, logits.shape, dtype=dtype)
+  # mode="highest" draws from 64 random bits, so the Gumbel tails (which decide
+  # how unlikely a low-score class can be) are not cut short by float32.
+  noise = jax.random.gumbel(key, logits.shape, dtype=dtype, mode="highest")
   return jnp.argmax(logits.astype(dtype) + noise, axis=axis).astype(jnp.int32)
 
 

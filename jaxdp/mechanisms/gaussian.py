@@ -43,6 +43,7 @@ from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
 from jaxdp.accounting.analytic_gaussian import classic_gaussian_sigma
 from jaxdp.accounting.zcdp import gaussian_zcdp_sigma
 from jaxdp.mechanisms import _common
+from jaxdp.mechanisms import _sampling
 
 
 def gaussian_noise(
@@ -64,7 +65,7 @@ def gaussian_noise(
   """
   _common.check_scale(stddev, "stddev")
   shape = _common.normalize_shape(shape)
-  return jax.random.normal(key, shape, dtype=dtype) * jnp.asarray(stddev, dtype=dtype)
+  return _sampling.standard_normal(key, shape, dtype) * jnp.asarray(stddev, dtype=dtype)
 
 
 def _add_gaussian(key: jax.Array, value: Any, sigma: float) -> jax.Array:

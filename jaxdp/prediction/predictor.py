@@ -11,7 +11,11 @@ remaining budget of its training set and enforces it:
   that would cross the budget is refused whole, not partly answered).
 * If a shared :class:`jaxdp.accounting.PrivacyBudget` is given, each batch is
   also spent there (``count = M`` per-query events) before it is answered, and
-  refused whole if that budget would be overspent.
+  refused whole if that budget would be overspent. That budget's ledger is
+  saved by its owner (``PrivacyBudget.save``), not by the predictor; its
+  accountant runs on every ``predict`` call (a PLD composition can take
+  seconds), so for high-rate serving prefer large batches or a budget with
+  ``method="rdp"``.
 * Spending is committed before any answer is released: with ``state_path``
   the new count is written to disk (atomically) first, and a predictor built
   on an existing ``state_path`` resumes from it, so a restart cannot reset the
@@ -116,6 +120,8 @@ class PrivatePredictor:
       state_path: str | os.PathLike | None = None,
   ):
     self.budget = _validation.check_positive_int(budget, "budget")
+    if self.budget >= 2**32:  # query indices are folded into the key as uint32
+      raise ValueError(f"budget must be in [1, 2**32 - 1], got {self.budget}.")
     self.epsilon = float(epsilon)
     self.delta = float(delta)
     self.query_event = query_event

@@ -169,6 +169,11 @@ def exponential_aggregation_beta(epsilon: float, delta: float, budget: int) -> f
   ``delta > 0``: ``beta = max(eps/(2B), sqrt(2/B) (sqrt(ln(1/delta) + eps) -
   sqrt(ln(1/delta))))`` (Theorem 8 corrected: the second term via
   bounded range -> zCDP -> (eps, delta)).
+
+  >>> exponential_aggregation_beta(1.0, 0.0, 100)  # the paper's Theorem 7 says 0.01
+  0.005
+  >>> round(exponential_aggregation_beta(1.0, 1e-5, 100), 6)
+  0.020406
   """
   eps = _validation.check_epsilon(epsilon)
   dlt = _validation.check_delta(delta)

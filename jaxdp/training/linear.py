@@ -129,15 +129,42 @@ def linear_objective(weights: jax.Array, x: jax.Array, y: jax.Array, *, loss: st
   return value
 
 
+def _data_loss_diff(weights, delta, x, y, loss, h):
+  """``data_loss(weights + delta) - data_loss(weights)`` with per-example differences."""
+  a, da = x @ weights, x @ delta
+  if loss == "softmax":
+    p = jax.nn.softmax(a, axis=-1)
+    onehot = jax.nn.one_hot(y, a.shape[-1], dtype=a.dtype)
+    lse_diff = jnp.log1p(jnp.sum(p * jnp.expm1(da), axis=-1))
+    return jnp.mean(lse_diff - jnp.sum(onehot * da, axis=-1))
+  s = jnp.where(y > 0, 1.0, -1.0).astype(a.dtype)
+  z, dz = s * a, s * da
+  if loss == "logistic":
+    # log(1 + e^{-z-dz}) - log(1 + e^{-z}) = log1p(sigmoid(-z) * expm1(-dz)).
+    return jnp.mean(jnp.log1p(jax.nn.sigmoid(-z) * jnp.expm1(-dz)))
+  return jnp.mean(linear_losses.huberized_hinge(z + dz, h) - linear_losses.huberized_hinge(z, h))
+
+
+def linear_objective_diff(weights, delta, x, y, *, loss="softmax", l2_reg=0.0, h=0.5,
+                          linear_term=None, extra_l2=0.0):
+  """``linear_objective(weights + delta) - linear_objective(weights)`` without cancellation."""
+  value = _data_loss_diff(weights, delta, x, y, loss, h)
+  value = value + 0.5 * (l2_reg + extra_l2) * jnp.sum(delta * (2.0 * weights + delta))
+  if linear_term is not None:
+    value = value + jnp.sum(linear_term * delta)
+  return value
+
+
 @functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear"))
 def _fit(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear):
   d = x.shape[-1]
   shape = (d, num_classes) if loss == "softmax" else (d,)
   init = jnp.zeros(shape, x.dtype)
-  fun = lambda w: linear_objective(w, x, y, loss=loss, l2_reg=l2_reg, h=h,
-                                   linear_term=linear_term if has_linear else None,
-                                   extra_l2=extra_l2)
-  w, info = minimize_lbfgs(fun, init, max_iter=max_iter, tol=tol)
+  kw = dict(loss=loss, l2_reg=l2_reg, h=h, linear_term=linear_term if has_linear else None,
+            extra_l2=extra_l2)
+  fun = lambda w: linear_objective(w, x, y, **kw)
+  diff = lambda w, d: linear_objective_diff(w, d, x, y, **kw)
+  w, info = minimize_lbfgs(fun, init, max_iter=max_iter, tol=tol, value_diff=diff)
   return LinearModel(w, info)
 
 

@@ -90,9 +90,9 @@ def test_gaussian_moments_tails_and_law():
 
 @pytest.mark.parametrize("dim", [1, 10, 7840])
 def test_l2_laplace_radius_is_gamma(dim):
-  """||b|| ~ Gamma(dim, scale 1/beta); float32 gamma sampling stays accurate at dim 7840."""
+  """||b|| ~ Gamma(dim, scale 1/beta); float32 sampling stays accurate at dim 7840."""
   beta = 3.0
-  n = 50_000
+  n = 50_000 if dim < 1000 else 5_000
   r = jax.vmap(lambda k: mech.l2_laplace_radius(k, (dim,), beta))(_keys(10 + dim, n))
   r = np.asarray(r, np.float64)
   law = stats.gamma(a=dim, scale=1.0 / beta)
@@ -102,7 +102,8 @@ def test_l2_laplace_radius_is_gamma(dim):
   var = dim / beta**2
   _assert_mean((r - dim / beta) ** 2, var, math.sqrt(2 * var**2 + 6 * dim / beta**4))
   # A 0.1% error in the radius scale is caught at this sample size for dim 7840
-  # (relative s.e. of the mean is 1/sqrt(dim n) = 2e-5).
+  # (relative s.e. of the mean is 1/sqrt(dim n) = 1.6e-4), so float32
+  # accumulation of the radius (a sum of dim exponentials) is accurate.
   if dim == 7840:
     assert stats.kstest(r, stats.gamma(a=dim, scale=1.001 / beta).cdf).pvalue < P_FLOOR
 

@@ -11,7 +11,6 @@ from jaxdp.accounting import analytic_gaussian
 from jaxdp.accounting import events
 from jaxdp.accounting.accountant import PrivacyAccountant
 from jaxdp.prediction import pate
-from jaxdp.prediction import subsample_aggregate as sa
 
 
 def _votes_with_unique_plurality(m=300, c=5, t=25, seed=0):

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from jaxdp.accounting import analytic_gaussian
-from jaxdp.accounting import composition
 from jaxdp.accounting import events
 from jaxdp.accounting.accountant import PrivacyAccountant, PrivacyBudget
 from jaxdp.prediction import prediction_sensitivity as ps

@@ -3,7 +3,6 @@
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -80,8 +79,9 @@ def test_state_path_restart_keeps_spent_budget(tmp_path):
   p = _ps_predictor(budget=5, state_path=path)
   first = np.asarray(p.predict(_queries(3)))
   saved = json.loads(path.read_text())
-  assert saved["queries_answered"] == 3 and "key" not in json.dumps(saved).lower().replace(
-      "query_event", "")
+  assert saved["queries_answered"] == 3
+  assert set(saved) == {"format", "kind", "budget", "epsilon", "delta", "queries_answered",
+                        "query_event", "fingerprint"}  # the secret key is not saved
   restarted = _ps_predictor(budget=5, state_path=path)  # e.g. after a process restart
   assert restarted.queries_answered == 3
   nxt = np.asarray(restarted.predict(_queries(2)))
@@ -106,6 +106,10 @@ def test_state_dict_round_trip_and_refusals():
     _ps_predictor(budget=5, seed=9).load_state_dict(state)  # other model
   with pytest.raises(ValueError, match="budget"):
     _ps_predictor(budget=6).load_state_dict(state)
+  with pytest.raises(ValueError, match="format"):
+    q.load_state_dict({**state, "format": "other"})
+  with pytest.raises(ValueError, match="budget"):
+    _ps_predictor(budget=2**32)
 
 
 def test_shared_privacy_budget_refuses_whole_batch():

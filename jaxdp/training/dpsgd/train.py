@@ -162,6 +162,7 @@ def train_dpsgd(
     loss: Callable[[jax.Array, jax.Array], jax.Array] | None = None,
     per_layer: bool = False,
     microbatch_size: int | None = None,
+    clipping_method: str = "vmap",
     physical_batch_size: int | None = None,
     overflow_prob: float = 1e-9,
     on_overflow: str = "split",
@@ -196,7 +197,8 @@ def train_dpsgd(
     optimizer: optax optimiser applied to the private average (default
       ``optax.sgd(learning_rate)``).
     loss: per-example loss on (logits, label); default softmax cross-entropy.
-    per_layer, microbatch_size: see :func:`clipped_grad`.
+    per_layer, microbatch_size, clipping_method: see :func:`clipped_grad`
+      (``clipping_method`` is its ``method``: ``"vmap"`` or ``"reweight"``).
     physical_batch_size: static chunk size P (gradient accumulation: a Poisson
       batch larger than P is processed as several chunks before ONE noisy
       update). Default: the binomial bound at ``overflow_prob``.
@@ -245,7 +247,8 @@ def train_dpsgd(
   apply, params, write_back = _model_apply(model, params, init_key, x[:1])
   per_example = make_per_example_loss(apply, loss)
   grad_fn = clipping.clipped_grad(per_example, l2_clip_norm=l2_clip_norm, batch_argnums=(1, 2),
-                                  microbatch_size=microbatch_size, per_layer=per_layer)
+                                  microbatch_size=microbatch_size, per_layer=per_layer,
+                                  method=clipping_method)
   n_dev = 1
   if mesh is not None:
     from jaxdp.training.dpsgd import data_parallel

@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxdp import _validation
@@ -64,6 +65,16 @@ def noise_stddev(noise_multiplier: float, l2_sensitivity: float) -> float:
     raise ValueError("l2_sensitivity is inf (clip norm inf): no finite noise makes the sum "
                      "private; use a finite l2_clip_norm or noise_multiplier=0 (non-private).")
   return sigma * s
+
+
+def _round_up(value: float, dtype) -> np.ndarray:
+  # The float64 noise scale cast to the gradient dtype, rounded UP (never less
+  # noise than calibrated; round-to-nearest could shave half an ulp).
+  dtype = np.dtype(dtype)
+  out = np.asarray(value, dtype=dtype)
+  if float(out) < value:
+    out = np.nextafter(out, np.asarray(np.inf, dtype=dtype))
+  return out
 
 
 def noisy_aggregate(
@@ -102,7 +113,7 @@ def noisy_aggregate(
     leaves, treedef = jax.tree.flatten(updates)
     keys = jax.random.split(noise_key, max(len(leaves), 1))
     noised = [
-        ((g + std * jax.random.normal(k, g.shape, jnp.float32).astype(g.dtype)) / denom).astype(g.dtype)
+        ((g + _round_up(std, g.dtype) * jax.random.normal(k, g.shape, g.dtype)) / denom).astype(g.dtype)
         for g, k in zip(leaves, keys)
     ]
     return jax.tree.unflatten(treedef, noised), NoisyAggregateState(next_key, state.count + 1)

@@ -78,6 +78,25 @@ class ClippedGradTest(chex.TestCase):
     np.testing.assert_allclose(info_micro.per_example_norms, info_full.per_example_norms, rtol=1e-5)
     self.assertEqual(float(info_full.num_examples), 8.0)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_reweight_method_matches_loop(self):
+    loss, params, x, y = _setup(batch=10)
+    mask = jnp.arange(10) % 3 != 0
+    clip = 0.3
+    fn = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2), method="reweight",
+                               microbatch_size=4)
+    g, info = self.variant(fn)(params, x, y, mask=mask)
+    expected = _loop_clipped_sum(loss, params, x, y, clip, mask=np.asarray(mask))
+    chex.assert_trees_all_close(g, expected, rtol=1e-5, atol=1e-6)
+    ref, ref_info = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2))(
+        params, x, y, mask=mask)
+    np.testing.assert_allclose(info.per_example_norms, ref_info.per_example_norms, rtol=1e-5)
+    self.assertEqual(int(info.num_clipped), int(ref_info.num_clipped))
+    with self.assertRaisesRegex(ValueError, "per_layer"):
+      clipping.clipped_grad(loss, l2_clip_norm=1.0, method="reweight", per_layer=True)
+    with self.assertRaisesRegex(ValueError, "method"):
+      clipping.clipped_grad(loss, l2_clip_norm=1.0, method="ghost")
+
   def test_empty_and_single_example(self):
     loss, params, x, y = _setup(batch=4)
     fn = clipping.clipped_grad(loss, l2_clip_norm=0.5, batch_argnums=(1, 2))

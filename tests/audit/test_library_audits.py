@@ -1,0 +1,228 @@
+"""Audits of the library's private training and prediction methods on tiny problems.
+
+Each test runs the library function end to end (vmapped over keys) on the
+worst-case neighbouring datasets of :mod:`jaxdp.audit.cases` and checks that
+the audited lower bound does not exceed the epsilon the method claims (and is
+not vacuous, so the test would notice a much larger leak). Where the method's
+worst case is easy to reach, a deliberately miscalibrated variant must be
+caught.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxdp import audit
+from jaxdp.accounting import dpsgd as dpsgd_accounting
+from jaxdp.prediction import pate
+from jaxdp.prediction import prediction_sensitivity as ps
+from jaxdp.prediction import subsample_aggregate as sa
+from jaxdp.training import linear
+from jaxdp.training import objective_perturbation as op
+from jaxdp.training import output_perturbation as outp
+from jaxdp.training.dpsgd import clipping
+
+TRIAL_BATCH = 5_000  # one compiled batch shape per test
+
+
+def _direction(fit_d, fit_n):
+  return audit.projection_statistic(np.asarray(fit_n) - np.asarray(fit_d))
+
+
+# ---------------------------------------------------------------- private training
+
+
+def _output_perturbation_audit(delta, calibration_examples=None, lam=10.0):
+  """Audits model sensitivity (paper 000 Alg. 1 / 3) on the flipped-label pair.
+
+  ``calibration_examples`` != N simulates the classic bug of calibrating the
+  noise with the wrong dataset size (sensitivity 2K/(N' lambda)).
+  """
+  pair = audit.flipped_label_pair(4, 1, num_classes=2)
+  n = 4
+  w_d = linear.fit_linear(*pair.dataset, num_classes=2, l2_reg=lam).weights
+  w_n = linear.fit_linear(*pair.neighbour, num_classes=2, l2_reg=lam).weights
+  if calibration_examples is None:
+    kw = dict(l2_reg=lam, loss="softmax", num_classes=2, epsilon=1.0, delta=delta)
+    mech = lambda keys, d: outp.output_perturbation(keys, d[0], d[1], **kw).weights
+  else:
+    cal = outp.output_perturbation_calibration(num_examples=calibration_examples, l2_reg=lam,
+                                               epsilon=1.0, delta=delta)
+    mech = lambda keys, d: outp.perturb_weights(
+        keys, linear.fit_linear(*d, num_classes=2, l2_reg=lam).weights, cal)
+  # L2-Laplace: the exact likelihood ratio; Gaussian: projection (also exact).
+  stat = (audit.l2_distance_statistic(w_d, w_n) if delta == 0.0
+          else _direction(w_d, w_n))
+  r = audit.audit_epsilon(mech, pair.dataset, pair.neighbour, stat,
+                          key=jax.random.key(0), num_trials=50_000, batch_size=TRIAL_BATCH,
+                          claimed_epsilon=1.0, delta=delta, batched=True, progress=False)
+  print(r)
+  return r
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-2])
+def test_output_perturbation_audit(delta):
+  r = _output_perturbation_audit(delta)
+  # Lemma 1's 2K/(N lambda) is twice what a replace-one change can reach with
+  # the softmax loss (the two gradients cannot both have norm K in opposite
+  # directions), so the audit tops out near epsilon / 2.
+  assert 0.25 <= r.epsilon_lower_bound <= 1.0
+
+
+def test_output_perturbation_with_wrong_dataset_size_is_caught():
+  # Noise calibrated as if N were 4x larger: a quarter of the needed noise.
+  r = _output_perturbation_audit(0.0, calibration_examples=16)
+  assert r.violates_claim
+
+
+def test_loss_perturbation_audit():
+  # Paper 000 Alg. 4 (multiclass loss perturbation), replace-one calibration to
+  # match the replace-one pair. 2-D inputs, 2 classes: 4 weights per fit.
+  pair = audit.flipped_label_pair(4, 2, num_classes=2)
+  eps = 2.0
+  kw = dict(num_classes=2, epsilon=eps, neighbouring="replace_one", tol=1e-3, max_iter=1000)
+  mech = lambda keys, d: op.loss_perturbation(keys, d[0], d[1], **kw).weights
+  means = [mech(jax.random.split(jax.random.key(s), TRIAL_BATCH), d).mean(0)
+           for s, d in ((1, pair.dataset), (2, pair.neighbour))]
+  r = audit.audit_epsilon(mech, pair.dataset, pair.neighbour, _direction(*means),
+                          key=jax.random.key(0), num_trials=20_000, batch_size=TRIAL_BATCH,
+                          claimed_epsilon=eps, batched=True, progress=False)
+  print(r)
+  assert 0.05 <= r.epsilon_lower_bound <= eps
+
+
+def test_binary_objective_perturbation_audit():
+  # Paper 003 Alg. 1 (Chaudhuri et al. objective perturbation), logistic loss.
+  pair = audit.flipped_label_pair(4, 1, num_classes=2)
+  eps = 2.0
+  kw = dict(epsilon=eps, l2_reg=0.5, loss="logistic", tol=1e-4, max_iter=1000)
+  mech = lambda keys, d: op.objective_perturbation(keys, d[0], d[1], **kw).weights
+  means = [mech(jax.random.split(jax.random.key(s), TRIAL_BATCH), d).mean(0)
+           for s, d in ((1, pair.dataset), (2, pair.neighbour))]
+  r = audit.audit_epsilon(mech, pair.dataset, pair.neighbour, _direction(*means),
+                          key=jax.random.key(0), num_trials=20_000, batch_size=TRIAL_BATCH,
+                          claimed_epsilon=eps, batched=True, progress=False)
+  print(r)
+  assert 0.05 <= r.epsilon_lower_bound <= eps
+
+
+def _dpsgd_problem():
+  def loss(w, x, y):  # binary logistic loss of one example, y in {-1, 1}
+    return jnp.logaddexp(0.0, -y * jnp.dot(w, x))
+
+  grad_fn = clipping.clipped_grad(loss, l2_clip_norm=1.0, batch_argnums=(1, 2))
+  xb = jax.random.normal(jax.random.key(3), (8, 4)) / 2.0
+  yb = jnp.where(jnp.arange(8) % 2 == 0, 1.0, -1.0)
+  # Canary: a huge input along an unused coordinate; its gradient is clipped to norm 1.
+  canary = (jnp.array([0.0, 0.0, 0.0, 50.0]), jnp.float32(1.0))
+  return loss, grad_fn, jnp.zeros(4), (xb, yb), canary
+
+
+def test_dpsgd_canary_audit_is_tight_and_below_claim():
+  _, grad_fn, params, batch, canary = _dpsgd_problem()
+  sigma, steps, delta = 1.0, 2, 1e-2
+  claimed = dpsgd_accounting.dpsgd_epsilon(sigma, 1.0, steps, delta, accountant="pld")
+  r = audit.dpsgd_canary_audit(grad_fn, params, batch, canary, noise_multiplier=sigma,
+                               num_steps=steps, key=jax.random.key(0), num_trials=50_000,
+                               claimed_epsilon=claimed, delta=delta, progress=False)
+  print(r)
+  assert 0.8 * claimed <= r.epsilon_lower_bound <= claimed
+
+
+@pytest.mark.parametrize("bug", ["noise_for_half_the_clip_norm", "no_clipping"])
+def test_dpsgd_canary_audit_catches_bugs(bug):
+  loss, grad_fn, params, batch, canary = _dpsgd_problem()
+  sigma, delta = 1.0, 1e-2
+  claimed = dpsgd_accounting.dpsgd_epsilon(sigma, 1.0, 1, delta, accountant="pld")
+  kw = dict(noise_multiplier=sigma, key=jax.random.key(1), num_trials=50_000,
+            claimed_epsilon=claimed, delta=delta, progress=False)
+  if bug == "noise_for_half_the_clip_norm":
+    r = audit.dpsgd_canary_audit(grad_fn, params, batch, canary, l2_sensitivity=0.5, **kw)
+  else:  # clip norm inf, but the noise is calibrated to a clip norm of 1
+    unclipped = clipping.clipped_grad(loss, l2_clip_norm=float("inf"), batch_argnums=(1, 2))
+    r = audit.dpsgd_canary_audit(unclipped, params, batch, canary, l2_sensitivity=1.0, **kw)
+  print(r)
+  assert r.violates_claim
+
+
+# ------------------------------------------------------------- private prediction
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-2])
+def test_prediction_sensitivity_audit(delta):
+  pair = audit.flipped_label_pair(4, 1, num_classes=2)
+  n, lam, eps = 4, 10.0, 1.0
+  cal = ps.calibrate_prediction_sensitivity(eps, delta, 1, n, lam)
+  query = jnp.ones((1, 1))  # the boundary point e_1 itself
+
+  def logits(d):
+    return linear.linear_logits(linear.fit_linear(*d, num_classes=2, l2_reg=lam).weights, query)
+
+  def mech(keys, d):
+    lg = logits(d)
+    return jax.vmap(lambda k: ps.noisy_logits(k, lg, cal.noise, cal.scale)[0])(keys)
+
+  l_d, l_n = logits(pair.dataset)[0], logits(pair.neighbour)[0]
+  stat = (audit.l2_distance_statistic(l_d, l_n) if cal.noise == "l2_laplace"
+          else audit.projection_statistic(l_n - l_d))
+  r = audit.audit_epsilon(mech, pair.dataset, pair.neighbour, stat, key=jax.random.key(0),
+                          num_trials=50_000, batch_size=TRIAL_BATCH, claimed_epsilon=eps,
+                          delta=delta, batched=True, progress=False)
+  print(r)
+  # As for output perturbation, the logit shift reaches about half of 2K/(N lambda).
+  assert (0.25 if delta == 0.0 else 0.15) <= r.epsilon_lower_bound <= eps
+
+
+def _subsample_aggregate_mechanism(beta, num_teachers):
+  query = jnp.ones((1, 2)) / jnp.sqrt(2.0)
+
+  def mech(keys, d):
+    teachers = sa.train_linear_teachers(d[0], d[1], num_teachers=num_teachers, num_classes=2,
+                                        l2_reg=0.1)
+    votes = sa.linear_teacher_votes(teachers.weights, query)
+    return jax.vmap(lambda k: sa.aggregate_exponential(k, votes, beta)[0])(keys)
+
+  return mech
+
+
+def _teacher_pair(num_teachers):
+  pair = audit.teacher_vote_pair(num_teachers, 3, dim=2)
+  (x, y), (x2, y2) = pair.dataset, pair.neighbour
+  x = x.at[:, :].set(1.0 / np.sqrt(2.0))  # query direction, still on the unit sphere
+  return (x, y), (x2.at[:, :].set(1.0 / np.sqrt(2.0)), y2)
+
+
+@pytest.mark.parametrize("calibration", ["library", "paper_theorem_7"])
+def test_subsample_and_aggregate_audit(calibration):
+  t, eps = 5, 1.0
+  d, d2 = _teacher_pair(t)
+  beta = (sa.exponential_aggregation_beta(eps, 0.0, 1) if calibration == "library"
+          else eps / 1)  # paper 000 Thm 7: beta = eps / B (drops the normaliser)
+  mech = _subsample_aggregate_mechanism(beta, t)
+  r = audit.audit_epsilon(mech, d, d2, audit.indicator_statistic(0), key=jax.random.key(0),
+                          num_trials=50_000, batch_size=TRIAL_BATCH, claimed_epsilon=eps,
+                          batched=True, progress=False)
+  print(r)
+  votes, votes2 = sa.adversarial_votes(t)
+  exact = sa.exponential_privacy_loss(votes, votes2, beta)
+  assert r.epsilon_lower_bound <= exact
+  if calibration == "library":
+    assert 0.5 <= r.epsilon_lower_bound <= eps
+  else:
+    assert r.violates_claim  # the audit refutes the paper's calibration
+
+
+@pytest.mark.parametrize("mechanism,delta", [("lnmax", 0.0), ("gnmax", 1e-2)])
+def test_pate_noisy_max_audit(mechanism, delta):
+  # Vote-swap neighbours: one teacher moves its vote from class 1 to class 0.
+  t, eps = 20, 1.0
+  votes = jnp.array([[t // 2, t - t // 2]], jnp.float32)
+  votes2 = jnp.array([[t // 2 + 1, t - t // 2 - 1]], jnp.float32)
+  scale = pate.noisy_max_scale(mechanism, eps, delta, 1)
+  mech = lambda k, v: pate.noisy_max_labels(k, v, mechanism, scale)[0]
+  r = audit.audit_epsilon(mech, votes, votes2, audit.indicator_statistic(0),
+                          key=jax.random.key(0), num_trials=100_000, batch_size=50_000,
+                          claimed_epsilon=eps, delta=delta, progress=False)
+  print(r)
+  assert 0.1 <= r.epsilon_lower_bound <= eps

@@ -1,0 +1,167 @@
+"""Tests of the linear-model ERM solver and losses (jaxdp/training/linear.py, linear_losses.py)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.linear_model import LogisticRegression
+
+from jaxdp.training import linear, linear_losses
+
+
+def _data(seed=0, n=240, d=8, c=3):
+  rng = np.random.default_rng(seed)
+  centers = rng.normal(size=(c, d))
+  y = rng.integers(0, c, size=n)
+  x = centers[y] + rng.normal(size=(n, d))
+  x = x / np.linalg.norm(x, axis=1, keepdims=True)
+  return x.astype(np.float32), y.astype(np.int32)
+
+
+# ---- losses and their constants -------------------------------------------------------
+
+
+def test_loss_values():
+  logits = jnp.asarray([[1.0, 2.0, 0.5]])
+  expected = math.log(sum(math.exp(v) for v in (1.0, 2.0, 0.5))) - 2.0
+  np.testing.assert_allclose(linear_losses.softmax_cross_entropy(logits, jnp.asarray([1])),
+                             [expected], rtol=1e-6)
+  np.testing.assert_allclose(linear_losses.binary_logistic(jnp.asarray(0.3)),
+                             math.log1p(math.exp(-0.3)), rtol=1e-6)
+  h = 0.5
+  z = jnp.asarray([2.0, 1.5, 1.0, 0.5, 0.0])
+  np.testing.assert_allclose(linear_losses.huberized_hinge(z, h),
+                             [0.0, 0.0, (1 + h - 1.0) ** 2 / (4 * h), (1 + h - 0.5) ** 2 / (4 * h), 1.0],
+                             rtol=1e-6)
+
+
+def test_softmax_gradient_and_hessian_bounds():
+  """||grad_a l|| <= sqrt(2) (paper 000 Thm 9) and lambda_max(Hessian) <= 1/2 (Thm 10)."""
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(500, 5)) * 6.0, jnp.float32)
+  labels = jnp.asarray(rng.integers(0, 5, size=500))
+  grads = jax.vmap(jax.grad(lambda a, y: linear_losses.softmax_cross_entropy(a, y)))(logits, labels)
+  norms = np.linalg.norm(np.asarray(grads), axis=1)
+  assert norms.max() <= linear_losses.SOFTMAX_LIPSCHITZ + 1e-6
+  assert norms.max() > 1.3  # the bound is nearly attained by confident wrong predictions
+  hess = jax.vmap(jax.hessian(lambda a, y: linear_losses.softmax_cross_entropy(a, y)))(logits, labels)
+  assert np.linalg.eigvalsh(np.asarray(hess, np.float64)).max() <= 0.5 + 1e-6
+
+
+def test_binary_loss_derivative_bounds():
+  z = jnp.linspace(-6.0, 6.0, 2001)
+  for loss, curv in [("logistic", 0.25), ("huber", 1.0 / (2 * 0.3))]:
+    f = (lambda v: linear_losses.binary_logistic(v)) if loss == "logistic" else (
+        lambda v: linear_losses.huberized_hinge(v, 0.3))
+    d1 = jax.vmap(jax.grad(f))(z)
+    d2 = jax.vmap(jax.grad(jax.grad(f)))(z)
+    assert float(jnp.max(jnp.abs(d1))) <= linear_losses.lipschitz_constant(loss) + 1e-6
+    assert float(jnp.max(jnp.abs(d2))) <= linear_losses.curvature_bound(loss, 0.3) + 1e-5
+    assert float(jnp.max(jnp.abs(d2))) >= 0.9 * curv
+
+
+def test_unknown_loss_raises():
+  with pytest.raises(ValueError, match="loss"):
+    linear_losses.lipschitz_constant("hinge")
+
+
+# ---- solver -----------------------------------------------------------------------------
+
+
+def test_softmax_matches_sklearn_objective():
+  """Same objective as sklearn's LogisticRegression with C = 1 / (N lambda), no intercept."""
+  x, y = _data()
+  n, lam = x.shape[0], 1e-2
+  model = linear.fit_linear(x, y, num_classes=3, l2_reg=lam, tol=1e-6)
+  assert bool(model.info.converged)
+  sk = LogisticRegression(C=1.0 / (n * lam), fit_intercept=False, tol=1e-10, max_iter=10_000)
+  sk.fit(x.astype(np.float64), y)
+  obj = lambda w: float(linear.linear_objective(jnp.asarray(w, jnp.float32), x, y, l2_reg=lam))
+  sk_obj, our_obj = obj(sk.coef_.T), float(model.info.value)
+  assert abs(our_obj - sk_obj) / abs(sk_obj) < 1e-4
+  np.testing.assert_allclose(our_obj, obj(model.weights), rtol=1e-6)
+
+
+def test_binary_logistic_matches_sklearn_objective():
+  x, y = _data(c=2)
+  n, lam = x.shape[0], 1e-2
+  model = linear.fit_linear(x, y, loss="logistic", l2_reg=lam)
+  assert model.weights.shape == (x.shape[1],) and bool(model.info.converged)
+  sk = LogisticRegression(C=1.0 / (n * lam), fit_intercept=False, tol=1e-10, max_iter=10_000)
+  sk.fit(x.astype(np.float64), y)
+  sk_obj = float(linear.linear_objective(jnp.asarray(sk.coef_[0], jnp.float32), x, y,
+                                         loss="logistic", l2_reg=lam))
+  assert abs(float(model.info.value) - sk_obj) / sk_obj < 1e-4
+  # {-1, 1} labels give the same model as {0, 1}.
+  model_pm = linear.fit_linear(x, 2 * y - 1, loss="logistic", l2_reg=lam)
+  np.testing.assert_allclose(model_pm.weights, model.weights, rtol=1e-5, atol=1e-6)
+
+
+def test_huber_solution_is_stationary():
+  x, y = _data(c=2)
+  model = linear.fit_linear(x, y, loss="huber", h=0.4, l2_reg=1e-2, tol=1e-6)
+  grad = jax.grad(lambda w: linear.linear_objective(w, x, y, loss="huber", h=0.4, l2_reg=1e-2))(
+      model.weights)
+  assert bool(model.info.converged)
+  assert float(jnp.linalg.norm(grad)) <= 2e-6
+
+
+def test_linear_term_and_extra_l2_shift_the_minimiser():
+  """Stationarity: grad(mean loss) + (lam + extra) w + b = 0."""
+  x, y = _data()
+  b = jnp.asarray(np.random.default_rng(3).normal(size=(8, 3)) * 0.1, jnp.float32)
+  model = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2, linear_term=b, extra_l2=0.05)
+  g = jax.grad(lambda w: linear.data_loss(w, x, y))(model.weights)
+  np.testing.assert_allclose(g + 0.06 * model.weights + b, 0.0, atol=3e-6)
+
+
+def test_batched_equals_loop_over_datasets_and_lambdas():
+  xs, ys = zip(*[_data(seed=s, n=120) for s in range(3)])
+  xs, ys = np.stack(xs), np.stack(ys)
+  lams = np.asarray([1e-3, 1e-2, 1e-1], np.float32)
+  for mode in ("vmap", "map"):
+    batch = linear.fit_linear_batched(xs, ys, num_classes=3, l2_reg=lams, batch_mode=mode)
+    for i in range(3):
+      single = linear.fit_linear(xs[i], ys[i], num_classes=3, l2_reg=float(lams[i]))
+      np.testing.assert_allclose(batch.weights[i], single.weights, rtol=1e-4, atol=1e-5)
+    assert bool(jnp.all(batch.info.converged))
+
+
+def test_predict_labels_and_bias_feature():
+  x, y = _data()
+  model = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-3)
+  acc = float(jnp.mean(linear.predict_labels(model.weights, x) == y))
+  assert acc > 0.8
+  xb = linear.append_bias_feature(x * 3.0 / np.linalg.norm(x, axis=1, keepdims=True).max())
+  assert xb.shape == (x.shape[0], x.shape[1] + 1)
+  xb_ok = linear.append_bias_feature(x)
+  assert np.linalg.norm(xb_ok, axis=1).max() <= 1.0 + 1e-6
+  del xb
+
+
+# ---- validation ---------------------------------------------------------------------------
+
+
+def test_input_validation():
+  x, y = _data()
+  with pytest.raises(ValueError, match="normalize_rows"):
+    linear.fit_linear(x * 2.0, y, num_classes=3, l2_reg=1e-2)
+  ok = linear.fit_linear(x * 2.0, y, num_classes=3, l2_reg=1e-2, normalize=True)
+  ref = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2)
+  np.testing.assert_allclose(ok.weights, ref.weights, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match=r"\[0, 3\)"):
+    linear.fit_linear(x, y + 1, num_classes=3, l2_reg=1e-2)
+  with pytest.raises(ValueError, match="binary"):
+    linear.fit_linear(x, y, loss="logistic", l2_reg=1e-2)
+  x_nan = x.copy()
+  x_nan[0, 0] = np.nan
+  with pytest.raises(ValueError, match="NaN"):
+    linear.fit_linear(x_nan, y, num_classes=3, l2_reg=1e-2)
+  with pytest.raises(ValueError, match="l2_reg"):
+    linear.fit_linear(x, y, num_classes=3, l2_reg=-1.0)
+  with pytest.raises(ValueError, match="num_classes"):
+    linear.fit_linear(x, y, num_classes=1, l2_reg=1e-2)
+  with pytest.raises(ValueError, match="shape"):
+    linear.fit_linear(x, y[:-1], num_classes=3, l2_reg=1e-2)

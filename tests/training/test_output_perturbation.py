@@ -1,0 +1,180 @@
+"""Tests of output perturbation / model sensitivity (jaxdp/training/output_perturbation.py)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxdp.accounting import analytic_gaussian_alpha, analytic_gaussian_sigma, events
+from jaxdp.training import linear, output_perturbation as op
+
+
+def histogram_log_ratio_lower_bound(s1, s2, num_bins: int = 20, alpha: float = 1e-3) -> float:
+  """High-confidence lower bound on max_bin |log P1(bin) / P2(bin)| from samples of two outputs.
+
+  Bins are quantiles of the pooled samples. For each bin and direction, a
+  Clopper-Pearson lower bound on one probability is divided by an upper bound
+  on the other (Bonferroni over bins and directions, total level ``alpha``).
+  If the mechanism is eps-DP, every bin ratio is <= e^eps, so the returned
+  value exceeds eps with probability at most ``alpha``.
+  """
+  s1, s2 = np.asarray(s1, np.float64), np.asarray(s2, np.float64)
+  edges = np.quantile(np.concatenate([s1, s2]), np.linspace(0, 1, num_bins + 1)[1:-1])
+  edges = np.concatenate([[-np.inf], edges, [np.inf]])
+  k1 = np.histogram(s1, edges)[0]
+  k2 = np.histogram(s2, edges)[0]
+  n1, n2 = s1.size, s2.size
+  a = alpha / (2 * num_bins)
+
+  def lower(k, n):
+    return np.where(k > 0, stats.beta.ppf(a / 2, np.maximum(k, 1), n - k + 1), 0.0)
+
+  def upper(k, n):
+    return np.where(k < n, stats.beta.ppf(1 - a / 2, k + 1, np.maximum(n - k, 1)), 1.0)
+
+  with np.errstate(divide="ignore"):
+    r12 = np.log(lower(k1, n1)) - np.log(upper(k2, n2))
+    r21 = np.log(lower(k2, n2)) - np.log(upper(k1, n1))
+  return float(np.max(np.concatenate([r12, r21])))
+
+
+def _data(seed=0, n=200, d=5, c=3):
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, c, size=n)
+  x = rng.normal(size=(c, d))[y] + rng.normal(size=(n, d))
+  return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), y.astype(np.int32)
+
+
+def test_laplace_calibration_equals_paper_formula():
+  """beta = N lambda eps / (2K), K = sqrt(2) (paper 000 Alg. 1)."""
+  n, lam, eps = 1000, 1e-3, 0.7
+  cal = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, epsilon=eps)
+  assert cal.noise == "l2_laplace"
+  assert cal.scale == pytest.approx(n * lam * eps / (2 * math.sqrt(2)), rel=1e-12)
+  assert cal.event == events.PureDpEvent(eps)
+  # With the solver slack: Delta = 2K/(N lam) + 2 tol / lam.
+  cal_tol = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, epsilon=eps,
+                                               solver_tol=1e-6)
+  assert cal_tol.sensitivity == pytest.approx(2 * math.sqrt(2) / (n * lam) + 2e-6 / lam, rel=1e-12)
+
+
+def test_gaussian_calibration_equals_paper_formula():
+  """sigma = 2 K alpha / (N lambda sqrt(2 eps)) (paper 000 Alg. 3) = analytic Gaussian on 2K/(N lambda)."""
+  n, lam, eps, delta = 500, 1e-2, 0.5, 1e-5
+  cal = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, epsilon=eps, delta=delta)
+  k = math.sqrt(2)
+  alpha = analytic_gaussian_alpha(eps, delta)
+  assert cal.scale == pytest.approx(2 * k * alpha / (n * lam * math.sqrt(2 * eps)), rel=1e-6)
+  assert cal.scale == pytest.approx(analytic_gaussian_sigma(eps, delta, 2 * k / (n * lam)), rel=1e-12)
+  assert isinstance(cal.event, events.GaussianDpEvent)
+  assert cal.event.noise_multiplier == pytest.approx(cal.scale / cal.sensitivity)
+
+
+def test_binary_chaudhuri_calibration():
+  """Paper 003 Alg. 4: gamma = n c eps, zCDP variance 1/(2 rho (n c)^2), with c = lambda/2, K = 1."""
+  n, lam = 300, 0.02
+  c = lam / 2
+  cal = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, epsilon=0.4, lipschitz=1.0)
+  assert cal.scale == pytest.approx(n * c * 0.4, rel=1e-12)
+  cal_z = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, rho=0.3, lipschitz=1.0)
+  assert cal_z.scale ** 2 == pytest.approx(1.0 / (2 * 0.3 * (n * c) ** 2), rel=1e-12)
+  assert cal_z.event == events.ZCDpEvent(0.3)
+
+
+def test_calibration_validation():
+  with pytest.raises(ValueError, match="l2_reg"):
+    op.output_perturbation_calibration(num_examples=10, l2_reg=0.0, epsilon=1.0)
+  with pytest.raises(ValueError, match="exactly one"):
+    op.output_perturbation_calibration(num_examples=10, l2_reg=1.0, epsilon=1.0, rho=0.1)
+  with pytest.raises(ValueError, match="epsilon"):
+    op.output_perturbation_calibration(num_examples=10, l2_reg=1.0, epsilon=-1.0)
+  with pytest.raises(ValueError, match="delta"):
+    op.output_perturbation_calibration(num_examples=10, l2_reg=1.0, epsilon=1.0, delta=1.5)
+  x, y = _data()
+  with pytest.raises(ValueError, match="l2_reg"):
+    op.model_sensitivity(jax.random.key(0), x, y, num_classes=3, l2_reg=0.0, epsilon=1.0)
+  with pytest.raises(ValueError, match="normalize_rows"):
+    op.model_sensitivity(jax.random.key(0), 2 * x, y, num_classes=3, l2_reg=0.1, epsilon=1.0)
+
+
+def test_noise_norm_follows_gamma_law():
+  """||theta_priv - theta_hat||_F ~ Gamma(D C, 1/beta) (KS test that rejects a 15% scale error)."""
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(1), 3000)
+  res = op.model_sensitivity(keys, x, y, num_classes=3, l2_reg=0.05, epsilon=2.0)
+  base = linear.fit_linear(x, y, num_classes=3, l2_reg=0.05).weights
+  norms = np.linalg.norm(np.asarray(res.weights - base, np.float64).reshape(3000, -1), axis=1)
+  beta = res.calibration.scale
+  assert stats.kstest(norms, stats.gamma(a=15, scale=1 / beta).cdf).pvalue > 1e-3
+  assert stats.kstest(norms, stats.gamma(a=15, scale=1.15 / beta).cdf).pvalue < 1e-3
+
+
+def test_gaussian_noise_std():
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(2), 2000)
+  res = op.model_sensitivity(keys, x, y, num_classes=3, l2_reg=0.05, epsilon=1.0, delta=1e-5)
+  base = linear.fit_linear(x, y, num_classes=3, l2_reg=0.05).weights
+  noise = np.asarray(res.weights - base, np.float64).reshape(-1)
+  assert stats.kstest(noise / res.calibration.scale, "norm").pvalue > 1e-3
+  assert np.std(noise) == pytest.approx(res.calibration.scale, rel=0.02)
+
+
+def test_eps_inf_is_exactly_non_private():
+  x, y = _data()
+  res = op.model_sensitivity(jax.random.key(0), x, y, num_classes=3, l2_reg=0.01, epsilon=math.inf)
+  ref = linear.fit_linear(x, y, num_classes=3, l2_reg=0.01)
+  np.testing.assert_array_equal(res.weights, ref.weights)
+  assert res.event == events.NonPrivateDpEvent()
+
+
+def test_same_key_same_result_and_batch_equals_loop():
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(5), 3)
+  batch = op.model_sensitivity(keys, x, y, num_classes=3, l2_reg=0.05, epsilon=1.0)
+  for i in range(3):
+    one = op.model_sensitivity(keys[i], x, y, num_classes=3, l2_reg=0.05, epsilon=1.0)
+    np.testing.assert_allclose(batch.weights[i], one.weights, rtol=1e-6, atol=1e-6)
+  again = op.model_sensitivity(keys[0], x, y, num_classes=3, l2_reg=0.05, epsilon=1.0)
+  np.testing.assert_array_equal(again.weights, op.model_sensitivity(
+      keys[0], x, y, num_classes=3, l2_reg=0.05, epsilon=1.0).weights)
+
+
+def test_binary_output_perturbation_zcdp_and_huber():
+  x, y = _data(c=2)
+  keys = jax.random.split(jax.random.key(3), 4)
+  res = op.output_perturbation(keys, x, y, loss="huber", h=0.5, l2_reg=0.05, rho=0.5)
+  assert res.weights.shape == (4, 5)
+  assert res.event == events.ZCDpEvent(0.5)
+  assert res.calibration.sensitivity == pytest.approx(2 / (200 * 0.05) + 2e-6 / 0.05)
+
+
+def _binary_1d_pair():
+  """Neighbouring 1-D datasets (replace-one) with a large minimiser gap."""
+  x1 = np.full((10, 1), 1.0, np.float32)
+  y1 = np.asarray([1] * 9 + [1])
+  y2 = np.asarray([1] * 9 + [0])
+  return x1, y1, y2
+
+
+def test_empirical_privacy_output_perturbation():
+  """Histogram log-ratio on neighbouring datasets stays below eps; a 2x under-noised mechanism is caught."""
+  x, y1, y2 = _binary_1d_pair()
+  eps, lam = 1.0, 0.5
+  m1 = linear.fit_linear(x, y1, loss="logistic", l2_reg=lam).weights
+  m2 = linear.fit_linear(x, y2, loss="logistic", l2_reg=lam).weights
+  cal = op.output_perturbation_calibration(num_examples=10, l2_reg=lam, epsilon=eps, lipschitz=1.0,
+                                           solver_tol=1e-6)
+  assert abs(float(m1[0] - m2[0])) <= cal.sensitivity
+  k1, k2 = jax.random.split(jax.random.key(7))
+  n = 200_000
+  s1 = op.perturb_weights(jax.random.split(k1, n), m1, cal)[:, 0]
+  s2 = op.perturb_weights(jax.random.split(k2, n), m2, cal)[:, 0]
+  assert histogram_log_ratio_lower_bound(s1, s2) <= eps
+  # Power: the same audit flags noise 4x too small (true eps ~ 4 * gap * beta > eps).
+  bad = cal._replace(scale=4.0 * cal.scale)
+  b1 = op.perturb_weights(jax.random.split(k1, n), m1, bad)[:, 0]
+  b2 = op.perturb_weights(jax.random.split(k2, n), m2, bad)[:, 0]
+  assert histogram_log_ratio_lower_bound(b1, b2) > eps
