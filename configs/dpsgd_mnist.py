@@ -3,6 +3,11 @@
 Paper 000 (``000_tradeoffs_of_private_prediction.md``) Section 4.2 / Fig. 1b:
 DP-SGD at delta = 1e-5 for a range of epsilons. Override any field with
 ``--config.field=value``, e.g. ``--config.model=cnn --config.epsilons='(0.5,1.0,2.0)'``.
+
+Measured on the 2-core CPU machine (seed 0, full 60k, delta = 1e-5, eps = 1):
+* defaults (linear, batch 1000, 3 epochs, lr 1.0, momentum 0.9): 91.1% test accuracy (~20 s);
+* ``--config.model=cnn --config.epochs=4 --config.expected_batch_size=512
+  --config.learning_rate=2.0 --config.momentum=0.0``: 95.75% (sigma 1.17, 469 steps, ~190 s).
 """
 
 import ml_collections

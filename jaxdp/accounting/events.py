@@ -13,7 +13,7 @@ the three kinds its methods need that dp_accounting lacks:
 * :class:`ExponentialMechanismDpEvent` — sampling ``i ∝ exp(β s_i)`` for a
   score of sensitivity Δ: ``2βΔ``-DP (McSherry & Talwar 2007; the factor 2 is
   because the normaliser moves too) and ``2βΔ``-bounded-range, hence
-  ``(βΔ)²/2``-zCDP (Durfee & Rogers 2019, Cesar & Rogers 2021, Lemma 3.2).
+  ``(βΔ)²/2``-zCDP (Durfee & Rogers 2019, Cesar & Rogers 2021).
 
 Convention for Gaussian and Laplace events (as in dp_accounting): the noise
 multiplier is the noise scale divided by the sensitivity, ``σ/Δ₂`` or ``b/Δ₁``.

@@ -30,7 +30,7 @@ def pure_dp_to_zcdp(epsilon: float) -> float:
 
 
 def bounded_range_to_zcdp(epsilon: float) -> float:
-  """ε-bounded-range ⇒ (ε²/8)-zCDP (Cesar & Rogers 2021, Lemma 3.2).
+  """ε-bounded-range ⇒ (ε²/8)-zCDP (Cesar & Rogers 2021).
 
   The exponential mechanism ``p ∝ exp(β s)`` with a Δ-sensitive score is
   2βΔ-bounded-range, hence (βΔ)²/2-zCDP.

@@ -14,12 +14,14 @@ bug found with the stated confidence.
 * :func:`dpsgd_canary_audit`, the canary-gradient audit of DP-SGD (``canary``).
 """
 
+from jaxdp.audit.canary import CanaryAudit
 from jaxdp.audit.canary import canary_mechanism
 from jaxdp.audit.canary import dpsgd_canary_audit
 from jaxdp.audit.cases import NeighbouringPair
 from jaxdp.audit.cases import exponential_mechanism_log_ratio
 from jaxdp.audit.cases import exponential_mechanism_pair
 from jaxdp.audit.cases import flipped_label_pair
+from jaxdp.audit.cases import implied_noise_statistic
 from jaxdp.audit.cases import indicator_statistic
 from jaxdp.audit.cases import l2_distance_statistic
 from jaxdp.audit.cases import projection_statistic
@@ -36,6 +38,7 @@ from jaxdp.audit.core import run_trials
 
 __all__ = [
     "AuditReport",
+    "CanaryAudit",
     "NeighbouringPair",
     "audit_epsilon",
     "canary_mechanism",
@@ -47,6 +50,7 @@ __all__ = [
     "exponential_mechanism_log_ratio",
     "exponential_mechanism_pair",
     "flipped_label_pair",
+    "implied_noise_statistic",
     "indicator_statistic",
     "l2_distance_statistic",
     "make_trial_fn",

@@ -22,6 +22,14 @@ steps (``sample_rate = 1``), and it exposes the classic bugs: clipping that
 does not bound the canary's gradient, noise calibrated to a smaller
 sensitivity, or noise added after averaging.
 
+With Poisson sampling (``sample_rate = q < 1``) the canary joins each step
+with probability q, so each projection is the mixture
+``(1 - q) N(m, s^2) + q N(m + ||c||/b, s^2)`` under D' -- the subsampled
+Gaussian whose amplification the accountant claims (Abadi et al. 2016;
+Mironov, Talwar, Zhang 2019). The audit then uses the exact log-likelihood
+ratio ``sum_t log(1 - q + q exp(...))`` (the optimal test for the T
+independent steps), which for q = 1 is monotone in the sum of projections.
+
 The trials run the library's own pieces: ``clipped_grad_fn`` (e.g.
 :func:`jaxdp.training.dpsgd.clipping.clipped_grad`) computes the masked,
 clipped gradient sum, and ``aggregate`` (default
@@ -31,7 +39,7 @@ times per trial from one trial key, vmapped over trials.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +58,26 @@ def _tree_norm(a: Any) -> float:
   return float(np.sqrt(sum(np.sum(np.square(np.asarray(x, np.float64))) for x in jax.tree.leaves(a))))
 
 
+class CanaryAudit(NamedTuple):
+  """What :func:`canary_mechanism` builds.
+
+  Attributes:
+    mechanism: ``f(key, mask) -> (num_steps,)`` projections ``<u_t, c/||c||>``.
+    statistic: ``projections -> scalar``, the log-likelihood ratio of D' vs D
+      (module docstring), monotone in ``sum_t <u_t, c>`` when
+      ``sample_rate = 1``.
+    offset: ``<G, c/||c||> / b``, the mean projection without the canary.
+    shift: ``||c|| / b``, the mean shift the canary adds when it is sampled.
+    noise_std: ``sigma S / b``, the std of each projection.
+  """
+
+  mechanism: Callable[[jax.Array, jax.Array], jax.Array]
+  statistic: Callable[[jax.Array], jax.Array]
+  offset: float
+  shift: float
+  noise_std: float
+
+
 def canary_mechanism(
     clipped_grad_fn: Callable[..., Any],
     params: Any,
@@ -58,15 +86,24 @@ def canary_mechanism(
     noise_multiplier: float,
     expected_batch_size: float,
     num_steps: int = 1,
+    sample_rate: float = 1.0,
     l2_sensitivity: Optional[float] = None,
     aggregate: Optional[Callable[..., Any]] = None,
-) -> Callable[[jax.Array, jax.Array], jax.Array]:
-  """``f(key, mask) -> (num_steps,)`` projections of the noisy updates on the canary.
+) -> CanaryAudit:
+  """Builds the canary trial ``f(key, mask)`` and its likelihood-ratio statistic.
 
   ``examples`` holds the batch *including* the canary as its last row; the
-  dataset is the 0/1 ``mask`` over rows (mask[-1] = 0: D, = 1: D'). Each call
-  runs ``num_steps`` DP-SGD aggregation steps at fixed ``params`` with a noise
-  transform initialised from ``key`` and returns ``<u_t, c/||c||>``.
+  dataset is the 0/1 ``mask`` over rows (mask[-1] = 0: D, = 1: D'). Each
+  trial runs ``num_steps`` DP-SGD aggregation steps at fixed ``params`` with
+  a noise transform initialised from one half of ``key``; with
+  ``sample_rate = q < 1`` the canary joins each step independently with
+  probability q (Poisson sampling of the canary, drawn from the other half of
+  ``key``; the other examples are fixed, the white-box worst case).
+
+  Per step the projection is ``N(offset, s^2)`` without the canary and
+  ``N(offset + shift, s^2)`` with it, so the statistic is the exact
+  log-likelihood ratio of the T steps,
+  ``sum_t log(1 - q + q exp((shift (p_t - offset) - shift^2 / 2) / s^2))``.
   """
   if aggregate is None:
     from jaxdp.training.dpsgd.transforms import noisy_aggregate as aggregate  # pylint: disable=g-import-not-at-top
@@ -74,6 +111,9 @@ def canary_mechanism(
   if sens is None:
     raise ValueError("l2_sensitivity is required when clipped_grad_fn has no .sensitivity attribute.")
   steps = _validation.check_positive_int(num_steps, "num_steps")
+  q = _validation.check_sample_rate(sample_rate)
+  b = _validation.check_positive(expected_batch_size, "expected_batch_size")
+  sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
   examples = tuple(jnp.asarray(e) for e in examples)
   canary = tuple(e[-1:] for e in examples)
   canary_grad, _ = clipped_grad_fn(params, *canary)
@@ -82,20 +122,39 @@ def canary_mechanism(
     raise ValueError("the canary's clipped gradient at params is zero or not finite; "
                      "choose a canary with a non-zero loss gradient.")
   direction = jax.tree.map(lambda g: (g / norm).astype(jnp.float32), canary_grad)
+  num_rows = int(examples[0].shape[0])
+  others = jnp.ones((num_rows,), jnp.float32).at[-1].set(0.0)
+  base_sum, _ = clipped_grad_fn(params, *examples, mask=others)
+  offset = float(_tree_vdot(base_sum, direction)) / b
+  shift = norm / b
+  noise_std = sigma * float(sens) / b
 
   def mechanism(key: jax.Array, mask: jax.Array) -> jax.Array:
-    grad_sum, _ = clipped_grad_fn(params, *examples, mask=mask)
-    tx = aggregate(noise_multiplier, sens, expected_batch_size, key)
+    noise_key, sample_key = jax.random.split(key)
+    tx = aggregate(noise_multiplier, sens, expected_batch_size, noise_key)
     state = tx.init(params)
 
-    def step(state, _):
+    def step(state, t):
+      included = jax.random.bernoulli(jax.random.fold_in(sample_key, t), q).astype(jnp.float32)
+      step_mask = mask.at[-1].multiply(included)
+      grad_sum, _ = clipped_grad_fn(params, *examples, mask=step_mask)
       update, state = tx.update(grad_sum, state)
       return state, _tree_vdot(update, direction)
 
-    _, projections = jax.lax.scan(step, state, None, length=steps)
+    _, projections = jax.lax.scan(step, state, jnp.arange(steps))
     return projections
 
-  return mechanism
+  if noise_std == 0.0:
+    statistic = jnp.sum  # no noise: any separating statistic is optimal
+  else:
+    log_keep = float(np.log1p(-q)) if q < 1.0 else -np.inf
+    log_q = float(np.log(q))
+
+    def statistic(projections: jax.Array) -> jax.Array:
+      a = (shift * (projections - offset) - 0.5 * shift**2) / noise_std**2
+      return jnp.sum(jnp.logaddexp(log_keep, log_q + a))
+
+  return CanaryAudit(mechanism, statistic, offset, shift, noise_std)
 
 
 def dpsgd_canary_audit(
@@ -108,6 +167,7 @@ def dpsgd_canary_audit(
     key: jax.Array,
     num_trials: int,
     num_steps: int = 1,
+    sample_rate: float = 1.0,
     expected_batch_size: Optional[float] = None,
     l2_sensitivity: Optional[float] = None,
     aggregate: Optional[Callable[..., Any]] = None,
@@ -130,6 +190,8 @@ def dpsgd_canary_audit(
     key: ``jax.random`` key for the trials.
     num_trials: trials per dataset (with and without the canary).
     num_steps: T noisy steps observed per trial.
+    sample_rate: probability q that the canary joins each step (Poisson
+      sampling of the canary; compare with the accountant at the same q).
     expected_batch_size: ``b`` of the noise transform (default B + 1).
     l2_sensitivity: override ``clipped_grad_fn.sensitivity`` (to audit a
       deliberately wrong calibration).
@@ -143,7 +205,8 @@ def dpsgd_canary_audit(
       :func:`jaxdp.audit.audit_epsilon`.
 
   Returns:
-    :class:`jaxdp.audit.AuditReport` for the statistic ``sum_t <u_t, c/||c||>``.
+    :class:`jaxdp.audit.AuditReport` for the likelihood-ratio statistic of
+    :func:`canary_mechanism`.
   """
   batch = tuple(jnp.asarray(b) for b in batch)
   canary = tuple(jnp.asarray(c) for c in canary)
@@ -159,13 +222,13 @@ def dpsgd_canary_audit(
   if expected_batch_size is None:
     expected_batch_size = float(b_size + 1)
   examples = tuple(jnp.concatenate([b, c[None].astype(b.dtype)]) for b, c in zip(batch, canary))
-  mechanism = canary_mechanism(
+  setup = canary_mechanism(
       clipped_grad_fn, params, examples, noise_multiplier=noise_multiplier,
-      expected_batch_size=expected_batch_size, num_steps=num_steps,
+      expected_batch_size=expected_batch_size, num_steps=num_steps, sample_rate=sample_rate,
       l2_sensitivity=l2_sensitivity, aggregate=aggregate)
   mask_without = jnp.ones((b_size + 1,), jnp.float32).at[-1].set(0.0)
   mask_with = jnp.ones((b_size + 1,), jnp.float32)
   return core.audit_epsilon(
-      mechanism, mask_without, mask_with, jnp.sum, key=key, num_trials=num_trials,
+      setup.mechanism, mask_without, mask_with, setup.statistic, key=key, num_trials=num_trials,
       batch_size=batch_size, claimed_epsilon=claimed_epsilon, delta=delta,
       confidence=confidence, thresholds=thresholds, progress=progress)

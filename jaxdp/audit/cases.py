@@ -28,8 +28,9 @@ mechanism towards the inequality its proof uses:
 Statistics: :func:`projection_statistic` (the likelihood-ratio test for
 Gaussian noise, and a good 1-D test for L2-Laplace noise),
 :func:`l2_distance_statistic` (the exact likelihood ratio for L2-Laplace
-noise: ``||o - c_0|| - ||o - c_1||``), :func:`indicator_statistic` (for
-discrete outputs).
+noise: ``||o - c_0|| - ||o - c_1||``), :func:`implied_noise_statistic` (the
+likelihood ratio of objective perturbation through the noise that produced
+the output), :func:`indicator_statistic` (for discrete outputs).
 
 Sharp edge: a statistic that computes *exact* floating-point cancellations
 (e.g. ``|o| - |o - 1|`` in one dimension) can detect which float grid an
@@ -218,6 +219,51 @@ def l2_distance_statistic(center: Any, neighbour_center: Any) -> Callable[[Any],
   if c0.shape != c1.shape:
     raise ValueError(f"center and neighbour_center must have the same size, got {c0.shape} and {c1.shape}.")
   return lambda out: jnp.linalg.norm(_flat(out) - c0) - jnp.linalg.norm(_flat(out) - c1)
+
+
+def implied_noise_statistic(
+    objective_gradient: Callable[[Any, Any], Any],
+    dataset: Any,
+    neighbour: Any,
+    *,
+    noise: str = "l2_laplace",
+) -> Callable[[Any], jax.Array]:
+  """Likelihood-ratio statistic for objective (loss) perturbation.
+
+  Objective perturbation releases ``theta = argmin G(theta; D) + <b, theta>``
+  with noise ``b``; stationarity gives the noise that produced an output,
+  ``b_D(theta) = -grad G(theta; D)`` (paper 000 App. B.2, proof of Theorem 3,
+  Eq. 21; Chaudhuri et al. 2011 Thm 9). The density of theta is
+  ``mu(b_D(theta)) |det J_D(theta)|``, so the log-likelihood ratio of D' vs D
+  is ``log mu(b_D') - log mu(b_D)`` plus a Jacobian term (Eq. 20). This
+  statistic is the noise term:
+
+  * ``"l2_laplace"`` (``mu ∝ exp(-beta ||b||)``): ``||b_D|| - ||b_D'||``;
+  * ``"gaussian"``: ``(||b_D||^2 - ||b_D'||^2) / 2``.
+
+  When the Jacobians of D and D' coincide (e.g. the flipped-label pair: the
+  softmax and logistic Hessians do not depend on the label) it is the exact
+  likelihood ratio, i.e. the optimal test.
+
+  Args:
+    objective_gradient: ``(theta, data) -> grad_theta G(theta; data)``, the
+      gradient of the noise-free objective in the units in which the noise
+      enters as ``<b, theta>`` (e.g. N times a mean-normalised objective whose
+      noise term is ``<b / N, theta>``).
+    dataset, neighbour: D and D' (passed as ``data``).
+    noise: ``"l2_laplace"`` or ``"gaussian"``.
+  """
+  if noise not in ("l2_laplace", "gaussian"):
+    raise ValueError(f"noise must be 'l2_laplace' or 'gaussian', got {noise!r}.")
+
+  def statistic(theta: Any) -> jax.Array:
+    b0 = _flat(objective_gradient(theta, dataset))
+    b1 = _flat(objective_gradient(theta, neighbour))
+    if noise == "l2_laplace":
+      return jnp.linalg.norm(b0) - jnp.linalg.norm(b1)
+    return 0.5 * (jnp.sum(b0 * b0) - jnp.sum(b1 * b1))
+
+  return statistic
 
 
 def indicator_statistic(value: Any) -> Callable[[Any], jax.Array]:

@@ -35,7 +35,8 @@ following the correct proof, ``B`` answers with parameter ``beta`` are
 worst-case log-ratio on all vote histograms of a small ensemble: it exceeds
 ``beta`` and stays below ``2 beta``.) Only for *monotone* scores (all scores
 move in the same direction between neighbours, e.g. counts under add/remove of
-a record) does ``beta Delta`` suffice (Dwork & Roth, remark after Thm 3.10).
+a record) does ``beta Delta`` suffice (Dwork & Roth 2014, Section 3.4,
+discussion of monotone utilities).
 
 The exponential mechanism is moreover ``2 beta Delta``-bounded-range (the
 log-ratio ``log p(i|D)/p(i|D')`` ranges over an interval of width at most

@@ -64,11 +64,15 @@ def uniform_direction(
   """A uniform point on the unit sphere of ``R^prod(shape)``, as an array of ``shape``.
 
   A standard Gaussian vector is rotation invariant, so ``g / ||g||`` is uniform
-  on the sphere (Muller 1959). ``||g|| = 0`` has probability zero.
+  on the sphere (Muller 1959). ``||g|| = 0`` has probability zero. ``g`` comes
+  from the long-tailed Box-Muller sampler (``jax.random.normal`` truncates each
+  coordinate near 5.42, which makes the direction very slightly anisotropic)
+  and is normalised in at least float32.
   """
   shape = _common.normalize_shape(shape)
-  g = jax.random.normal(key, shape, dtype=dtype)
-  return g / jnp.linalg.norm(g.reshape(-1))
+  cdt = jnp.promote_types(dtype, jnp.float32)
+  g = _sampling.standard_normal(key, shape, cdt)
+  return (g / jnp.linalg.norm(g.reshape(-1))).astype(dtype)
 
 
 def l2_laplace_noise(

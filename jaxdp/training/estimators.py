@@ -161,6 +161,7 @@ class PrivateLinearClassifier:
 
   def predict(self, x: Any) -> np.ndarray:
     """Most probable class label (in the original label values)."""
+    self._check_fitted()
     return self.classes_[np.argmax(self.predict_proba(x), axis=1)]
 
   def score(self, x: Any, y: Any) -> float:

@@ -49,6 +49,7 @@ def minimize_lbfgs(
     tol: float | jax.Array = 1e-6,
     memory_size: int = 10,
     max_linesearch_steps: int = 30,
+    patience: int = 50,
     value_diff: Callable[[Params, Params], jax.Array] | None = None,
 ) -> tuple[Params, SolverInfo]:
   r"""Minimises a smooth scalar ``fun`` with L-BFGS + zoom line search.
@@ -70,6 +71,9 @@ def minimize_lbfgs(
     tol: tolerance on the global L2 norm of the gradient (may be traced).
     memory_size: number of stored curvature pairs (static).
     max_linesearch_steps: cap on zoom line-search steps per iteration (static).
+    patience: stop (not converged) after this many iterations without a new
+      smallest gradient norm: float32 round-off sets a floor on the gradient
+      norm, and iterating at the floor only burns time (static).
     value_diff: optional ``(base, delta) -> fun(base + delta) - fun(base)``
       computed without cancellation. In float32 the line search cannot see
       decreases below ``eps * |fun|``; objective perturbation adds a large
@@ -90,12 +94,12 @@ def minimize_lbfgs(
   state0 = opt.init(init_params)
 
   def cond(carry):
-    _, _, value, grad, k, moved = carry
+    _, _, value, grad, k, moved, _, stale = carry
     gnorm = optax.tree.norm(grad)
-    return (k < max_iter) & (gnorm > tol) & moved & jnp.isfinite(value)
+    return (k < max_iter) & (gnorm > tol) & moved & jnp.isfinite(value) & (stale < patience)
 
   def body(carry):
-    params, state, value, grad, k, _ = carry
+    params, state, value, grad, k, _, best, stale = carry
     if value_diff is None:
       updates, state = opt.update(grad, state, params, value=value, grad=grad, value_fn=fun)
       new_value = optax.tree.get(state, "value")
@@ -119,11 +123,15 @@ def minimize_lbfgs(
       slack = 8.0 * jnp.finfo(jnp.result_type(value)).eps * (1.0 + jnp.abs(decrease))
     moved = (optax.tree.norm(updates) > 0) & (decrease <= slack)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(moved, a, b), new, old)
-    return (keep(new_params, params), state, keep(new_value, value), keep(new_grad, grad),
-            k + 1, moved)
+    new_grad = keep(new_grad, grad)
+    gnorm = optax.tree.norm(new_grad)
+    improved = gnorm < best
+    return (keep(new_params, params), state, keep(new_value, value), new_grad, k + 1, moved,
+            jnp.minimum(gnorm, best), jnp.where(improved, 0, stale + 1))
 
-  carry = (init_params, state0, value0, grad0, jnp.asarray(0, jnp.int32), jnp.asarray(True))
-  params, _, value, grad, k, _ = jax.lax.while_loop(cond, body, carry)
+  carry = (init_params, state0, value0, grad0, jnp.asarray(0, jnp.int32), jnp.asarray(True),
+           optax.tree.norm(grad0), jnp.asarray(0, jnp.int32))
+  params, _, value, grad, k, _, _, _ = jax.lax.while_loop(cond, body, carry)
   if value_diff is not None:
     value = fun(params)  # the running sum of differences drifts; report the exact value
   gnorm = optax.tree.norm(grad)

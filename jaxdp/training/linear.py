@@ -142,7 +142,15 @@ def _data_loss_diff(weights, delta, x, y, loss, h):
   if loss == "logistic":
     # log(1 + e^{-z-dz}) - log(1 + e^{-z}) = log1p(sigmoid(-z) * expm1(-dz)).
     return jnp.mean(jnp.log1p(jax.nn.sigmoid(-z) * jnp.expm1(-dz)))
-  return jnp.mean(linear_losses.huberized_hinge(z + dz, h) - linear_losses.huberized_hinge(z, h))
+  # Same piece for z and z + dz: closed-form differences (no cancellation); else direct.
+  direct = linear_losses.huberized_hinge(z + dz, h) - linear_losses.huberized_hinge(z, h)
+  zn = z + dz
+  both_quad = (jnp.abs(1.0 - z) <= h) & (jnp.abs(1.0 - zn) <= h)
+  both_lin = (z < 1.0 - h) & (zn < 1.0 - h)
+  both_zero = (z > 1.0 + h) & (zn > 1.0 + h)
+  quad = dz * (dz - 2.0 * (1.0 + h - z)) / (4.0 * h)
+  diff = jnp.where(both_quad, quad, jnp.where(both_lin, -dz, jnp.where(both_zero, 0.0, direct)))
+  return jnp.mean(diff)
 
 
 def linear_objective_diff(weights, delta, x, y, *, loss="softmax", l2_reg=0.0, h=0.5,

@@ -109,14 +109,35 @@ def test_canary_mechanism_statistic_has_the_predicted_law():
   xb = jnp.array([[0.5, 0.0, 0.0], [0.0, 0.5, 0.0]])
   yb = jnp.array([1.0, -1.0])
   examples = (jnp.concatenate([xb, jnp.array([[0.0, 0.0, 30.0]])]), jnp.array([1.0, -1.0, 1.0]))
-  mech = audit.canary_mechanism(fn, jnp.zeros(3), examples, noise_multiplier=1.5,
-                                expected_batch_size=4.0, num_steps=3)
+  setup = audit.canary_mechanism(fn, jnp.zeros(3), examples, noise_multiplier=1.5,
+                                 expected_batch_size=4.0, num_steps=3)
+  assert setup.shift == pytest.approx(0.5) and setup.noise_std == pytest.approx(0.75)
+  # At params = 0 each logistic gradient is -y x / 2: <G, e_3> = 0.
+  assert setup.offset == pytest.approx(0.0, abs=1e-7)
   keys = jax.random.split(jax.random.key(0), 20_000)
-  without = jax.vmap(lambda k: mech(k, jnp.array([1.0, 1.0, 0.0])))(keys)
-  with_c = jax.vmap(lambda k: mech(k, jnp.array([1.0, 1.0, 1.0])))(keys)
+  without = jax.vmap(lambda k: setup.mechanism(k, jnp.array([1.0, 1.0, 0.0])))(keys)
+  with_c = jax.vmap(lambda k: setup.mechanism(k, jnp.array([1.0, 1.0, 1.0])))(keys)
   assert without.shape == (20_000, 3)
   # Same keys, so the difference is exactly the canary's contribution S / b = 0.5.
   np.testing.assert_allclose(np.asarray(with_c - without), 0.5, atol=1e-4)
   # The noise std is sigma S / b = 0.75 per step, independent across steps.
   np.testing.assert_allclose(np.std(np.asarray(without), axis=0), 0.75, rtol=0.03)
   assert abs(np.corrcoef(np.asarray(without).T)[0, 1]) < 0.03
+  # q = 1: the statistic is the Gaussian log-likelihood ratio, affine in the sum.
+  p = jnp.array([0.1, -0.3, 0.7])
+  expected = float(jnp.sum((0.5 * p - 0.125) / 0.75**2))
+  assert float(setup.statistic(p)) == pytest.approx(expected, rel=1e-5)
+
+
+def test_canary_poisson_sampling_includes_the_canary_at_rate_q():
+  fn = clipping.clipped_grad(_loss, l2_clip_norm=1.0, batch_argnums=(1, 2))
+  examples = (jnp.array([[0.5, 0.0], [0.0, 40.0]]), jnp.array([1.0, 1.0]))
+  setup = audit.canary_mechanism(fn, jnp.zeros(2), examples, noise_multiplier=0.0,
+                                 expected_batch_size=2.0, num_steps=4, sample_rate=0.3)
+  keys = jax.random.split(jax.random.key(1), 5_000)
+  proj = np.asarray(jax.vmap(lambda k: setup.mechanism(k, jnp.ones(2)))(keys))
+  # Without noise the projection is offset (0) or offset + shift (0.5): the canary's inclusions.
+  included = np.isclose(proj, 0.5, atol=1e-5)
+  assert np.all(included | np.isclose(proj, 0.0, atol=1e-5))
+  assert abs(included.mean() - 0.3) < 0.02
+  assert abs(np.corrcoef(included[:, 0], included[:, 1])[0, 1]) < 0.05  # fresh draw per step

@@ -123,6 +123,8 @@ def test_report_string():
   text = str(audit.epsilon_lower_bound(s0, s1, claimed_epsilon=1.0))
   for field in ("claimed epsilon", "epsilon lower bound", "trials per dataset", "FPR / FNR", "95%"):
     assert field in text
+  d = audit.epsilon_lower_bound(s0, s1, claimed_epsilon=1.0).as_dict()
+  assert d["num_trials"] == 2_000 and d["violates_claim"] is False and d["method"] == "split"
 
 
 # ---------------------------------------------------- library mechanisms: tight
@@ -230,4 +232,29 @@ def test_grid_method_on_library_laplace():
       key=jax.random.key(6), num_trials=100_000, batch_size=50_000, claimed_epsilon=1.0,
       thresholds=np.linspace(0.0, 3.0, 13), progress=False)
   assert r.method == "grid" and r.num_thresholds == 13
+  assert 0.85 <= r.epsilon_lower_bound <= 1.0
+
+
+def test_lower_bound_is_sound_for_discrete_outputs():
+  # Randomized response: P[1 | D'] = e^eps / (1 + e^eps), P[1 | D] = 1 / (1 + e^eps),
+  # exactly eps-DP. Binary statistics (all ties) must not break coverage.
+  eps = 1.0
+  p = 1.0 / (1.0 + np.exp(eps))
+  rng = np.random.default_rng(3)
+  bounds = []
+  for _ in range(150):
+    s0 = (rng.random(3000) < p).astype(float)
+    s1 = (rng.random(3000) < 1 - p).astype(float)
+    bounds.append(audit.epsilon_lower_bound(s0, s1).epsilon_lower_bound)
+  bounds = np.asarray(bounds)
+  assert np.sum(bounds > eps) <= 12
+  assert np.median(bounds) > 0.8 * eps
+
+
+def test_add_remove_neighbours_with_different_shapes():
+  # Counting query under add/remove: D has 5 records, D' has 6 (Laplace, Delta_1 = 1).
+  mech = lambda k, d: mechanisms.laplace_mechanism(k, jnp.sum(d), 1.0, 1.0)
+  r = audit.audit_epsilon(mech, jnp.ones(5), jnp.ones(6), key=jax.random.key(7),
+                          num_trials=100_000, batch_size=50_000, claimed_epsilon=1.0,
+                          progress=False)
   assert 0.85 <= r.epsilon_lower_bound <= 1.0

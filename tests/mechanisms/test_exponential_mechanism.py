@@ -85,13 +85,13 @@ def test_vmap_over_beta_and_keys_equals_loop_and_jit():
   scores = jnp.array([[0.0, 2.0, 1.0], [1.0, 1.0, 0.0]])
   key = jax.random.key(3)
   betas = jnp.array([0.1, 1.0, 5.0])
-  batched = np.asarray(jax.vmap(lambda b: mech.exponential_mechanism(key, scores, b))(betas))
+  batched = np.asarray(jax.jit(jax.vmap(lambda b: mech.exponential_mechanism(key, scores, b)))(betas))
   looped = np.stack([np.asarray(mech.exponential_mechanism(key, scores, float(b))) for b in betas])
   np.testing.assert_array_equal(batched, looped)
   keys = jax.random.split(key, 6)
   f = lambda k: mech.exponential_mechanism(k, scores, 1.0)
   np.testing.assert_array_equal(
-      np.asarray(jax.vmap(f)(keys)), np.stack([np.asarray(f(k)) for k in keys]))
+      np.asarray(jax.jit(jax.vmap(f))(keys)), np.stack([np.asarray(f(k)) for k in keys]))
   np.testing.assert_array_equal(np.asarray(jax.jit(f)(keys[0])), np.asarray(f(keys[0])))
   # per-row beta broadcasting over the batch shape
   per_row = np.asarray(mech.exponential_mechanism(key, scores, jnp.array([1.0, 1.0])))
@@ -187,3 +187,18 @@ def test_helpers_and_event():
   ev = mech.exponential_mechanism_event(0.3, 2.0)
   assert isinstance(ev, events.ExponentialMechanismDpEvent)
   assert ev.epsilon == pytest.approx(1.2) and ev.rho == pytest.approx(0.18)
+
+
+def test_monotone_neighbours_lose_at_most_beta():
+  """Adding one vote (all scores move the same way) costs only beta (Dwork & Roth Sec. 3.4)."""
+  beta = 1.0
+  worst = 0.0
+  for t in range(8):
+    for hist in itertools.product(range(t + 1), repeat=3):
+      if sum(hist) != t:
+        continue
+      for b in range(3):
+        nb = np.array(hist)
+        nb[b] += 1
+        worst = max(worst, np.max(np.abs(_log_probs(hist, beta) - _log_probs(nb, beta))))
+  assert 0.9 * beta < worst <= beta + 1e-12

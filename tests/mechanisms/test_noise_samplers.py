@@ -65,9 +65,9 @@ def test_laplace_per_coordinate_scale_broadcasts():
 
 
 def test_zero_scale_gives_zero_noise():
-  assert np.all(np.asarray(mech.laplace_noise(jax.random.key(0), (5,), 0.0)) == 0)
-  assert np.all(np.asarray(mech.gaussian_noise(jax.random.key(0), (5,), 0.0)) == 0)
-  assert np.all(np.asarray(mech.l2_laplace_noise(jax.random.key(0), (5,), jnp.inf)) == 0)
+  assert np.all(np.asarray(mech.laplace_noise(jax.random.key(0), (3,), 0.0)) == 0)
+  assert np.all(np.asarray(mech.gaussian_noise(jax.random.key(0), (3,), 0.0)) == 0)
+  assert np.all(np.asarray(mech.l2_laplace_noise(jax.random.key(0), (3,), jnp.inf)) == 0)
 
 
 # ------------------------------------------------------------------ Gaussian
@@ -93,7 +93,7 @@ def test_l2_laplace_radius_is_gamma(dim):
   """||b|| ~ Gamma(dim, scale 1/beta); float32 sampling stays accurate at dim 7840."""
   beta = 3.0
   n = 50_000 if dim < 1000 else 5_000
-  r = jax.vmap(lambda k: mech.l2_laplace_radius(k, (dim,), beta))(_keys(10 + dim, n))
+  r = jax.jit(jax.vmap(lambda k: mech.l2_laplace_radius(k, (dim,), beta)))(_keys(10 + dim, n))
   r = np.asarray(r, np.float64)
   law = stats.gamma(a=dim, scale=1.0 / beta)
   assert stats.kstest(r, law.cdf).pvalue > P_FLOOR
@@ -114,7 +114,7 @@ def test_l2_laplace_noise_norm_is_gamma(shape):
   beta = 0.5
   dim = int(np.prod(shape))
   n = 1_000
-  noise = jax.vmap(lambda k: mech.l2_laplace_noise(k, shape, beta))(_keys(20 + dim, n))
+  noise = jax.jit(jax.vmap(lambda k: mech.l2_laplace_noise(k, shape, beta)))(_keys(20 + dim, n))
   assert noise.shape == (n,) + shape and noise.dtype == jnp.float32
   norms = np.linalg.norm(np.asarray(noise, np.float64).reshape(n, -1), axis=1)
   assert stats.kstest(norms, stats.gamma(a=dim, scale=1.0 / beta).cdf).pvalue > P_FLOOR
@@ -122,7 +122,7 @@ def test_l2_laplace_noise_norm_is_gamma(shape):
 
 def test_l2_laplace_in_one_dimension_is_laplace():
   beta = 2.0
-  x = jax.vmap(lambda k: mech.l2_laplace_noise(k, (), beta))(_keys(3, 50_000))
+  x = jax.jit(jax.vmap(lambda k: mech.l2_laplace_noise(k, (), beta)))(_keys(3, 50_000))
   assert x.shape == (50_000,)
   assert stats.kstest(np.asarray(x, np.float64), stats.laplace(scale=1 / beta).cdf).pvalue > P_FLOOR
 
@@ -130,13 +130,13 @@ def test_l2_laplace_in_one_dimension_is_laplace():
 def test_uniform_direction_is_uniform_on_the_sphere():
   n = 50_000
   # d = 3: each coordinate is uniform on [-1, 1] (Archimedes' hat-box theorem).
-  u3 = np.asarray(jax.vmap(lambda k: mech.uniform_direction(k, (3,)))(_keys(4, n)), np.float64)
+  u3 = np.asarray(jax.jit(jax.vmap(lambda k: mech.uniform_direction(k, (3,))))(_keys(4, n)), np.float64)
   np.testing.assert_allclose(np.linalg.norm(u3, axis=1), 1.0, rtol=1e-5)
   for j in range(3):
     assert stats.kstest(u3[:, j], stats.uniform(loc=-1, scale=2).cdf).pvalue > P_FLOOR
   # d = 10: u_1^2 ~ Beta(1/2, 9/2); mean 0 and second moments I/d.
   d = 10
-  u = np.asarray(jax.vmap(lambda k: mech.uniform_direction(k, (2, 5)))(_keys(5, n)), np.float64)
+  u = np.asarray(jax.jit(jax.vmap(lambda k: mech.uniform_direction(k, (2, 5))))(_keys(5, n)), np.float64)
   u = u.reshape(n, d)
   assert stats.kstest(u[:, 0] ** 2, stats.beta(0.5, (d - 1) / 2).cdf).pvalue > P_FLOOR
   sd = 1 / math.sqrt(d)
@@ -163,42 +163,66 @@ SAMPLERS = {
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_vmap_over_keys_equals_loop(name):
+def test_vmap_over_keys_and_scales_jit_and_key_semantics(name):
   f = SAMPLERS[name]
   keys = _keys(7, 5)
-  batched = np.asarray(jax.vmap(lambda k: f(k, 1.5))(keys))
-  looped = np.stack([np.asarray(f(k, 1.5)) for k in keys])
-  np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-6)
-
-
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_vmap_over_scales_equals_loop(name):
-  f = SAMPLERS[name]
-  key = jax.random.key(8)
+  eager = np.stack([np.asarray(f(k, 1.5)) for k in keys])
+  # vmap over keys (jitted) equals the Python loop
+  batched = np.asarray(jax.jit(jax.vmap(lambda k: f(k, 1.5)))(keys))
+  np.testing.assert_allclose(batched, eager, rtol=1e-5, atol=1e-6)
+  # vmap over noise scales equals the loop over scales with one key
   scales = jnp.array([0.5, 1.0, 2.0, 7.0])
-  batched = np.asarray(jax.vmap(lambda s: f(key, s))(scales))
-  looped = np.stack([np.asarray(f(key, float(s))) for s in scales])
-  np.testing.assert_allclose(batched, looped, rtol=1e-6, atol=1e-6)
+  by_scale = np.asarray(jax.jit(jax.vmap(lambda s: f(keys[0], s)))(scales))
+  looped = np.stack([np.asarray(f(keys[0], float(s))) for s in scales])
+  np.testing.assert_allclose(by_scale, looped, rtol=1e-5, atol=1e-6)
+  # jit equals no-jit; same key same noise; different keys different noise
+  np.testing.assert_allclose(np.asarray(jax.jit(f)(keys[0], 1.5)), eager[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(f(keys[0], 1.5)), eager[0])
+  assert not np.allclose(eager[0], eager[1])
 
 
-@pytest.mark.parametrize("name", sorted(SAMPLERS))
-def test_jit_equals_no_jit_and_key_semantics(name):
-  f = SAMPLERS[name]
-  k1, k2 = jax.random.split(jax.random.key(9))
-  eager = np.asarray(f(k1, 2.0))
-  jitted = np.asarray(jax.jit(f)(k1, 2.0))
-  np.testing.assert_allclose(eager, jitted, rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(eager, np.asarray(f(k1, 2.0)))  # same key, same noise
-  assert not np.allclose(eager, np.asarray(f(k2, 2.0)))  # other key, other noise
-
-
-def test_legacy_uint32_keys_work():
-  key = jax.random.PRNGKey(0)
-  assert mech.laplace_noise(key, (3,), 1.0).shape == (3,)
-  assert mech.l2_laplace_noise(key, (3,), 1.0).shape == (3,)
-
-
-def test_int_and_scalar_shapes():
-  assert mech.gaussian_noise(jax.random.key(0), 4, 1.0).shape == (4,)
+def test_legacy_keys_int_and_scalar_shapes():
+  legacy = jax.random.PRNGKey(0)
+  np.testing.assert_array_equal(
+      np.asarray(mech.laplace_noise(legacy, 3, 1.0)), np.asarray(mech.laplace_noise(legacy, (3,), 1.0)))
   assert mech.gaussian_noise(jax.random.key(0), (), 1.0).shape == ()
-  assert mech.l2_laplace_noise(jax.random.key(0), 4, 1.0).shape == (4,)
+  assert mech.l2_laplace_noise(legacy, (3,), 1.0).shape == (3,)
+
+
+# ------------------------------------------------------------------ long float32 tails
+
+
+def test_exponential_from_bits_support_reaches_46_ln2():
+  from jaxdp.mechanisms import _sampling
+  shift = np.uint32(1 << 9)  # the top 23 bits of a word carry the value
+  hi = jnp.array([0, 0, 0, (1 << 23) - 1], jnp.uint32) * shift
+  lo = jnp.array([0, 1, (1 << 23) - 1, (1 << 23) - 1], jnp.uint32) * shift
+  e = np.asarray(_sampling.exponential_from_bits(hi, lo, jnp.float32), np.float64)
+  # U = (hi 2^23 + lo + 1) 2^-46
+  expected = -np.log(np.array([1.0, 2.0, 2.0**23, 2.0**46]) * 2.0**-46)
+  np.testing.assert_allclose(e, expected, rtol=1e-6, atol=1e-7)
+  assert e[0] == pytest.approx(46 * math.log(2), rel=1e-6)  # |Lap| up to 31.9 scale units
+  assert math.sqrt(2 * e[0]) > 7.98  # Box-Muller radius: |N(0,1)| up to 7.99
+  # jax.random.laplace / normal stop at ~16.6 and ~5.42 in float32
+  assert e[0] > 16.6 + 15 and math.sqrt(2 * e[0]) > 5.42 + 2.5
+
+
+def test_box_muller_fourth_moment_and_pair_independence():
+  m = 200_000
+  x = np.asarray(mech.gaussian_noise(jax.random.key(30), (2 * m,), 1.0), np.float64)
+  # E Z^4 = 3, Var(Z^4) = 105 - 9 = 96
+  _assert_mean(x**4, 3.0, math.sqrt(96.0))
+  # the cos and sin halves of each Box-Muller pair are independent N(0,1):
+  # squares uncorrelated (they would be positively correlated if the radius were shared wrongly)
+  a, b = x[:m] ** 2 - 1, x[m:] ** 2 - 1
+  corr = np.mean(a * b) / math.sqrt(np.mean(a * a) * np.mean(b * b))
+  assert abs(corr) < Z_TOL / math.sqrt(m)
+  # odd sizes are fine
+  assert mech.gaussian_noise(jax.random.key(31), (3, 5), 1.0).shape == (3, 5)
+
+
+def test_laplace_sign_is_independent_of_magnitude():
+  x = np.asarray(mech.laplace_noise(jax.random.key(32), (200_000,), 1.0), np.float64)
+  pos, neg = np.abs(x[x > 0]), np.abs(x[x < 0])
+  _assert_prob(x > 0, 0.5)
+  assert stats.ks_2samp(pos, neg).pvalue > P_FLOOR

@@ -123,10 +123,15 @@ def make_per_example_loss(apply: Callable[[PyTree, jax.Array], jax.Array],
   return per_example
 
 
+_PREDICT_CACHE: dict[Any, Any] = {}
+
+
 def accuracy(apply: Callable[[PyTree, jax.Array], jax.Array], params: PyTree, x: Any, y: Any,
              batch_size: int = 2048) -> float:
   """Top-1 accuracy of ``apply(params, x)`` (non-private evaluation on held-out data)."""
-  f = jax.jit(lambda p, xb: jnp.argmax(apply(p, xb), axis=-1))
+  f = _PREDICT_CACHE.get(apply)
+  if f is None:  # compile once per apply function, not once per evaluation
+    f = _PREDICT_CACHE[apply] = jax.jit(lambda p, xb: jnp.argmax(apply(p, xb), axis=-1))
   correct = 0
   n = len(y)
   for s in range(0, n, batch_size):

@@ -112,6 +112,23 @@ def test_nnx_model_and_zero_noise_is_recorded_non_private():
   assert acc_train > 0.8
 
 
+def test_mostly_empty_batches_still_get_noise():
+  # N = 20, q = 0.05: about a third of the 20 steps sample no example at all.
+  # Each step must still add noise (the accountant counts all 20 steps).
+  x, y = _toy(n=20)
+  model = models.LinearClassifier(num_classes=3)
+  init = model.init(jax.random.key(9), x[:1])["params"]
+  res = dpsgd.train_dpsgd(model, x, y, params=init, key=jax.random.key(2), epochs=1, l2_clip_norm=1.0,
+                          delta=1e-3, sample_rate=0.05, noise_multiplier=2.0, learning_rate=1.0,
+                          accountant=None, optimizer=optax.sgd(1.0))
+  assert res.steps == 20 and res.padded_size >= 1
+  moved = jax.tree.map(lambda a, b: np.asarray(a - b), res.params, init)
+  # Pure-noise updates: each coordinate moves by ~ sqrt(20) * sigma * C / (qN) = 8.9.
+  spread = float(np.std(moved["Dense_0"]["kernel"]))
+  assert 5.0 < spread < 14.0, spread
+  assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(moved))
+
+
 def test_bad_arguments():
   x, y = _toy()
   m = models.LinearClassifier(num_classes=3)

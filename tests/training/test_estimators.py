@@ -1,0 +1,91 @@
+"""Tests of the scikit-learn-like private estimators (jaxdp/training/estimators.py)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from jaxdp.accounting import PrivacyAccountant, PrivacyBudget, events
+from jaxdp.errors import BudgetExceededError
+from jaxdp.training import linear
+from jaxdp.training.estimators import PrivateLinearClassifier, PrivateLogisticRegression
+
+
+def _data(seed=0, n=300, d=6, c=3):
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, c, size=n)
+  x = 2.0 * rng.normal(size=(c, d))[y] + rng.normal(size=(n, d))
+  x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+  labels = np.asarray(["cat", "dog", "eel"])[y]
+  return x, labels, y
+
+
+def test_fit_predict_score_and_accountant():
+  x, labels, _ = _data()
+  acc = PrivacyAccountant()
+  clf = PrivateLogisticRegression(epsilon=5.0, l2_reg=1e-3, accountant=acc, seed=1).fit(x, labels)
+  assert clf.coef_.shape == (6, 3)
+  proba = clf.predict_proba(x)
+  np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+  assert set(np.unique(clf.predict(x))) <= {"cat", "dog", "eel"}
+  assert clf.score(x, labels) > 0.5
+  assert acc.ledger == ((events.PureDpEvent(5.0), 1),)
+  clf.fit(x, labels)  # a second fit spends again, with a fresh key
+  assert acc.pure_epsilon() == pytest.approx(10.0)
+
+
+def test_refitting_uses_fresh_noise():
+  x, labels, _ = _data()
+  clf = PrivateLogisticRegression(epsilon=1.0, seed=0)
+  w1 = clf.fit(x, labels).coef_.copy()
+  w2 = clf.fit(x, labels).coef_.copy()
+  assert not np.allclose(w1, w2)
+  w3 = PrivateLogisticRegression(epsilon=1.0, seed=0).fit(x, labels).coef_
+  np.testing.assert_array_equal(w1, w3)
+
+
+def test_budget_refuses_before_training():
+  x, labels, _ = _data()
+  budget = PrivacyBudget(epsilon=1.5)
+  clf = PrivateLogisticRegression(epsilon=1.0, accountant=budget, method="model_sensitivity",
+                                  l2_reg=0.1)
+  clf.fit(x, labels)
+  with pytest.raises(BudgetExceededError):
+    PrivateLogisticRegression(epsilon=1.0, accountant=budget).fit(x, labels)
+  fresh = PrivateLogisticRegression(epsilon=1.0, accountant=PrivacyBudget(epsilon=0.5))
+  with pytest.raises(BudgetExceededError):
+    fresh.fit(x, labels)
+  assert not hasattr(fresh, "coef_")
+
+
+def test_non_private_and_eps_inf_match_fit_linear():
+  x, labels, y = _data()
+  ref = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2).weights
+  for method in ("non_private", "loss_perturbation", "model_sensitivity"):
+    clf = PrivateLogisticRegression(epsilon=math.inf, method=method, l2_reg=1e-2).fit(x, labels)
+    np.testing.assert_array_equal(clf.coef_, ref)
+
+
+def test_binary_methods_and_gaussian_delta():
+  x, labels, y = _data(c=2)
+  for method in ("objective_perturbation", "output_perturbation"):
+    clf = PrivateLinearClassifier(epsilon=2.0, method=method, loss="huber", l2_reg=0.05).fit(x, labels)
+    assert clf.coef_.shape == (6,)
+    assert clf.predict_proba(x).shape == (300, 2)
+  acc = PrivacyAccountant()
+  PrivateLogisticRegression(epsilon=1.0, delta=1e-5, accountant=acc).fit(x, labels)
+  assert acc.ledger[0][0] == events.ApproxDpEvent(1.0, 1e-5)
+
+
+def test_validation():
+  x, labels, _ = _data()
+  with pytest.raises(ValueError, match="method"):
+    PrivateLogisticRegression(epsilon=1.0, method="dp_magic")
+  with pytest.raises(ValueError, match="binary"):
+    PrivateLinearClassifier(epsilon=1.0, method="objective_perturbation").fit(x, labels)
+  with pytest.raises(ValueError, match="normalize_rows"):
+    PrivateLogisticRegression(epsilon=1.0).fit(3 * x, labels)
+  clf = PrivateLogisticRegression(epsilon=1.0, normalize=True).fit(3 * x, labels)
+  assert clf.coef_.shape == (6, 3)
+  with pytest.raises(ValueError, match="not fitted"):
+    PrivateLogisticRegression(epsilon=1.0).predict(x)

@@ -1,0 +1,219 @@
+"""Tests of loss/objective perturbation (jaxdp/training/objective_perturbation.py)."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxdp.accounting import events
+from jaxdp.training import linear, objective_perturbation as obp
+
+
+def histogram_log_ratio_lower_bound(s1, s2, num_bins: int = 20, alpha: float = 1e-3) -> float:
+  """High-confidence lower bound on max_bin |log P1(bin) / P2(bin)| from samples of two outputs.
+
+  Bins are quantiles of the pooled samples. For each bin and direction, a
+  Clopper-Pearson lower bound on one probability is divided by an upper bound
+  on the other (Bonferroni over bins and directions, total level ``alpha``).
+  If the mechanism is eps-DP, every bin ratio is <= e^eps, so the returned
+  value exceeds eps with probability at most ``alpha``.
+  """
+  s1, s2 = np.asarray(s1, np.float64), np.asarray(s2, np.float64)
+  edges = np.quantile(np.concatenate([s1, s2]), np.linspace(0, 1, num_bins + 1)[1:-1])
+  edges = np.concatenate([[-np.inf], edges, [np.inf]])
+  k1 = np.histogram(s1, edges)[0]
+  k2 = np.histogram(s2, edges)[0]
+  n1, n2 = s1.size, s2.size
+  a = alpha / (2 * num_bins)
+
+  def lower(k, n):
+    return np.where(k > 0, stats.beta.ppf(a / 2, np.maximum(k, 1), n - k + 1), 0.0)
+
+  def upper(k, n):
+    return np.where(k < n, stats.beta.ppf(1 - a / 2, k + 1, np.maximum(n - k, 1)), 1.0)
+
+  with np.errstate(divide="ignore"):
+    r12 = np.log(lower(k1, n1)) - np.log(upper(k2, n2))
+    r21 = np.log(lower(k2, n2)) - np.log(upper(k1, n1))
+  return float(np.max(np.concatenate([r12, r21])))
+
+
+def _data(seed=0, n=60, d=3, c=2):
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, c, size=n)
+  x = rng.normal(size=(c, d))[y] + rng.normal(size=(n, d))
+  return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32), y.astype(np.int32)
+
+
+def _recovered_noise(res, x, y, loss, l2_reg, h=0.5):
+  """b = -N grad[(1/N) sum l + ((lambda + extra)/2)||theta||^2] at theta_priv (stationarity)."""
+  n = x.shape[0]
+  lam = l2_reg + res.calibration.extra_l2
+
+  def grad_one(w):
+    return jax.grad(lambda v: linear.data_loss(v, x, y, loss=loss, h=h) + 0.5 * lam * jnp.sum(v * v))(w)
+
+  return -n * np.asarray(jax.vmap(grad_one)(res.weights), np.float64)
+
+
+# ---- calibration --------------------------------------------------------------------------
+
+
+def test_loss_perturbation_calibration_formulas():
+  """Paper 000 Alg. 4/5: beta = eps/(2K), rho = 2LC/eps, sigma = (K/eps) sqrt(8 log(2/delta) + 4 eps)."""
+  k, l = math.sqrt(2), 0.5
+  cal = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10)
+  assert cal.noise == "l2_laplace"
+  assert cal.scale == pytest.approx(0.5 / (2 * k), rel=1e-12)
+  assert cal.rho == pytest.approx(2 * l * 10 / 0.5, rel=1e-12)
+  assert cal.extra_l2 == pytest.approx(cal.rho / 1000, rel=1e-12)  # rho/(2N)||theta||^2 (Alg. 4)
+  assert cal.event == events.PureDpEvent(0.5)
+  cal_g = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10)
+  assert cal_g.scale == pytest.approx((k / 0.5) * math.sqrt(8 * math.log(2 / 1e-5) + 4 * 0.5), rel=1e-12)
+  assert cal_g.event == events.ApproxDpEvent(0.5, 1e-5)
+  cal_r = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10,
+                                            neighbouring="replace_one")
+  assert cal_r.scale == pytest.approx(cal.scale / 2, rel=1e-12)
+  cal_big = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10, rho=100.0)
+  assert cal_big.extra_l2 == pytest.approx(0.1)
+  with pytest.raises(ValueError, match="rho"):
+    obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10, rho=1.0)
+  with pytest.raises(ValueError, match="neighbouring"):
+    obp.loss_perturbation_calibration(epsilon=0.5, num_examples=10, num_classes=2, neighbouring="x")
+  inf = obp.loss_perturbation_calibration(epsilon=math.inf, num_examples=10, num_classes=2)
+  assert inf.noise == "none" and inf.extra_l2 == 0.0
+
+
+def test_binary_objective_perturbation_calibration():
+  """Paper 003 Alg. 1: eps' = eps - log(1 + t/(2nc)), gamma = eps'/2, c = lambda/2."""
+  n, lam, eps = 500, 0.01, 1.0
+  c = lam / 2
+  cal = obp.objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=lam)
+  eps_p = eps - math.log(1 + 0.25 / (2 * n * c))
+  assert cal.epsilon_noise == pytest.approx(eps_p, rel=1e-12)
+  assert cal.scale == pytest.approx(eps_p / 2, rel=1e-12)
+  assert cal.extra_l2 == 0.0 and cal.event == events.PureDpEvent(eps)
+  cal_h = obp.objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=lam, loss="huber",
+                                                 h=0.2)
+  assert cal_h.epsilon_noise == pytest.approx(eps - math.log(1 + (1 / 0.4) / (2 * n * c)), rel=1e-12)
+  # Validity c > t / (2 n (e^eps - 1)) fails for tiny lambda: the Delta branch makes eps' = eps/2.
+  small = 1e-6
+  assert c > 0.25 / (2 * n * math.expm1(eps))
+  assert not small / 2 > 0.25 / (2 * n * math.expm1(eps))
+  cal_d = obp.objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=small)
+  assert cal_d.scale == pytest.approx(eps / 4, rel=1e-12)
+  total = small + cal_d.extra_l2
+  assert math.log1p(0.25 / (n * total)) == pytest.approx(eps / 2, rel=1e-9)
+  with pytest.raises(ValueError, match="l2_reg must be >"):
+    obp.objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=small,
+                                           allow_extra_l2=False)
+  with pytest.raises(ValueError, match="loss"):
+    obp.objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=lam, loss="softmax")
+
+
+# ---- end-to-end noise law (recovered from the stationarity condition) --------------------
+
+
+def test_loss_perturbation_noise_norm_gamma_law_and_convergence():
+  """||B|| recovered from grad J_priv = 0 follows Gamma(D C, 1/beta); all fits converged."""
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(0), 600)
+  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01, tol=1e-6)
+  assert bool(np.all(res.info.converged)) and float(np.max(res.info.grad_norm)) <= 1e-6
+  b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(600, -1)
+  norms = np.linalg.norm(b, axis=1)
+  beta = res.calibration.scale
+  assert stats.kstest(norms, stats.gamma(a=6, scale=1 / beta).cdf).pvalue > 1e-3
+  assert stats.kstest(norms, stats.gamma(a=6, scale=1.15 / beta).cdf).pvalue < 1e-3
+
+
+def test_gaussian_loss_perturbation_noise_is_gaussian():
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(1), 300)
+  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=1.0, delta=1e-5, l2_reg=0.01)
+  b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(-1) / res.calibration.scale
+  assert stats.kstest(b, "norm").pvalue > 1e-3
+  assert np.std(b) == pytest.approx(1.0, rel=0.05)
+
+
+def test_binary_objective_perturbation_noise_gamma_law():
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(2), 600)
+  for loss, tol in (("logistic", 1e-6), ("huber", 1e-6)):
+    res = obp.objective_perturbation(keys, x, y, epsilon=1.0, l2_reg=0.05, loss=loss, h=0.5, tol=tol)
+    assert bool(np.all(res.info.converged)) and float(np.max(res.info.grad_norm)) <= tol
+    norms = np.linalg.norm(_recovered_noise(res, x, y, loss, 0.05), axis=1)
+    gamma = res.calibration.scale
+    assert stats.kstest(norms, stats.gamma(a=3, scale=1 / gamma).cdf).pvalue > 1e-3
+
+
+def test_eps_inf_is_exactly_non_private():
+  x, y = _data(c=3)
+  res = obp.loss_perturbation(jax.random.key(0), x, y, num_classes=3, epsilon=math.inf, l2_reg=0.01)
+  ref = linear.fit_linear(x, y, num_classes=3, l2_reg=0.01)
+  np.testing.assert_array_equal(res.weights, ref.weights)
+  assert res.event == events.NonPrivateDpEvent()
+  yb = (y > 0).astype(np.int32)
+  res_b = obp.objective_perturbation(jax.random.key(0), x, yb, epsilon=math.inf, l2_reg=0.01)
+  np.testing.assert_array_equal(res_b.weights, linear.fit_linear(x, yb, loss="logistic",
+                                                                 l2_reg=0.01).weights)
+
+
+def test_vmapped_equals_loop_and_key_determinism():
+  x, y = _data(c=3)
+  keys = jax.random.split(jax.random.key(4), 3)
+  for mode in ("vmap", "map"):
+    batch = obp.loss_perturbation(keys, x, y, num_classes=3, epsilon=1.0, l2_reg=0.01, batch_mode=mode)
+    for i in range(3):
+      one = obp.loss_perturbation(keys[i], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01)
+      np.testing.assert_allclose(batch.weights[i], one.weights, rtol=1e-4, atol=1e-4)
+  a = obp.loss_perturbation(keys[0], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01)
+  b = obp.loss_perturbation(keys[0], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01)
+  np.testing.assert_array_equal(a.weights, b.weights)
+
+
+def test_unconverged_fit_is_not_released():
+  x, y = _data(c=3)
+  with pytest.raises(RuntimeError, match="nothing is released"):
+    obp.loss_perturbation(jax.random.key(0), x, y, num_classes=3, epsilon=1.0, max_iter=1)
+
+
+def test_input_validation():
+  x, y = _data()
+  with pytest.raises(ValueError, match="normalize_rows"):
+    obp.loss_perturbation(jax.random.key(0), 3 * x, y, num_classes=2, epsilon=1.0)
+  with pytest.raises(ValueError, match="epsilon"):
+    obp.loss_perturbation(jax.random.key(0), x, y, num_classes=2, epsilon=0.0)
+  with pytest.raises(ValueError, match="binary"):
+    obp.objective_perturbation(jax.random.key(0), x, y + 1, epsilon=1.0, l2_reg=0.1)
+
+
+# ---- empirical privacy ----------------------------------------------------------------------
+
+
+def _audit_loss_perturbation(num_runs: int, eps: float) -> float:
+  """1-D, 2-class loss perturbation on add/remove neighbours; returns the log-ratio lower bound."""
+  x = np.asarray([[1.0], [0.8], [-1.0], [1.0], [0.5]], np.float32)
+  y = np.asarray([1, 1, 0, 0, 1], np.int32)
+  x2 = np.concatenate([x, [[1.0]]]).astype(np.float32)
+  y2 = np.concatenate([y, [0]]).astype(np.int32)
+  k1, k2 = jax.random.split(jax.random.key(11))
+  r1 = obp.loss_perturbation(jax.random.split(k1, num_runs), x, y, num_classes=2, epsilon=eps)
+  r2 = obp.loss_perturbation(jax.random.split(k2, num_runs), x2, y2, num_classes=2, epsilon=eps)
+  # Post-processing statistic: the logit difference theta[0, 1] - theta[0, 0].
+  s1 = np.asarray(r1.weights[:, 0, 1] - r1.weights[:, 0, 0])
+  s2 = np.asarray(r2.weights[:, 0, 1] - r2.weights[:, 0, 0])
+  return histogram_log_ratio_lower_bound(s1, s2, num_bins=10)
+
+
+def test_empirical_privacy_loss_perturbation_small():
+  assert _audit_loss_perturbation(20_000, eps=1.0) <= 1.0
+
+
+@pytest.mark.slow
+def test_empirical_privacy_loss_perturbation_large():
+  for eps in (0.5, 2.0):
+    assert _audit_loss_perturbation(200_000, eps=eps) <= eps
