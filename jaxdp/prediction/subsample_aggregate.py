@@ -31,7 +31,7 @@ calibration (basic composition of B ``2 beta``-DP answers) is
 For ``delta > 0`` (Theorem 8) the paper composes B ``beta``-DP answers with
 advanced composition. Corrected: the exponential mechanism is
 ``2 beta``-bounded-range (Durfee & Rogers 2019), hence ``beta^2/2``-zCDP
-(Cesar & Rogers 2021, Lemma 3.2); B answers are ``rho = B beta^2 / 2``-zCDP,
+(Cesar & Rogers 2021); B answers are ``rho = B beta^2 / 2``-zCDP,
 which is ``(rho + 2 sqrt(rho ln(1/delta)), delta)``-DP (Bun & Steinke 2016,
 Prop. 1.3). Setting ``rho + 2 sqrt(rho L) = eps`` (``L = ln(1/delta)``) gives
 ``sqrt(rho) = sqrt(L + eps) - sqrt(L)`` and so
