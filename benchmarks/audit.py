@@ -18,7 +18,6 @@ import json
 import time
 
 import jax
-import numpy as np
 
 from jaxdp import audit
 from jaxdp import mechanisms

@@ -16,7 +16,9 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
    non-private step-time ratio and examples per second (batch 16 with
    ``--quick``, 64 otherwise).
 
-Inputs are random tensors of the datasets' shapes (step time does not depend on
+Timing: the compared steps are called round-robin and the minimum time per
+call over the rounds is reported (robust to other processes on a shared
+machine). Inputs are random tensors of the datasets' shapes (step time does not depend on
 pixel values). The last printed line is one JSON object with every figure.
 """
 
@@ -44,19 +46,23 @@ SIGMA = 1.0
 LR = 0.1
 
 
-def _time(fn, args, reps: int, warmup: int = 2) -> float:
-  """Median wall time of ``fn(*args)`` (state threaded through) in seconds."""
-  out = None
-  for _ in range(warmup):
-    out = fn(*args)
-    jax.block_until_ready(out)
-  times = []
+def _time_interleaved(fns: dict, reps: int, warmup: int = 2) -> dict[str, float]:
+  """Best (minimum) wall time per call of each ``fn(*args)``, measured round-robin.
+
+  The machine is shared, so calls of the compared functions are interleaved (each
+  round times every function once) and the minimum over rounds is reported: the
+  least-disturbed time, which is what a ratio of two step times should compare.
+  """
+  for fn, args in fns.values():
+    for _ in range(warmup):
+      jax.block_until_ready(fn(*args))
+  times = {name: [] for name in fns}
   for _ in range(reps):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    jax.block_until_ready(out)
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+    for name, (fn, args) in fns.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[name].append(time.perf_counter() - t0)
+  return {name: float(np.min(t)) for name, t in times.items()}
 
 
 def jax_step_times(model, x_shape, batch: int, reps: int,
@@ -82,8 +88,7 @@ def jax_step_times(model, x_shape, batch: int, reps: int,
     return optax.softmax_cross_entropy_with_integer_labels(model.apply({"params": p}, xi[None])[0], yi)
 
   mask = jnp.ones((batch,), bool)
-  t_plain = _time(plain_step, (params, sgd.init(params), x, y), reps)
-  out = {"nonprivate_s": t_plain}
+  fns = {"nonprivate": (plain_step, (params, sgd.init(params), x, y))}
   for method in methods:
     grad_fn = clipping.clipped_grad(per_example, l2_clip_norm=CLIP, batch_argnums=(1, 2),
                                     method=method)
@@ -96,9 +101,13 @@ def jax_step_times(model, x_shape, batch: int, reps: int,
       u, s = dp.update(g, s, p)
       return optax.apply_updates(p, u), s
 
-    t = _time(private_step, (params, dp.init(params), x, y), reps)
-    out[f"private_{method}_s"] = t
-    out[f"ratio_{method}"] = t / t_plain
+    fns[method] = (private_step, (params, dp.init(params), x, y))
+  best_times = _time_interleaved(fns, reps)
+  t_plain = best_times["nonprivate"]
+  out = {"nonprivate_s": t_plain}
+  for method in methods:
+    out[f"private_{method}_s"] = best_times[method]
+    out[f"ratio_{method}"] = best_times[method] / t_plain
   best = min(methods, key=lambda m: out[f"private_{m}_s"])
   out["private_s"] = out[f"private_{best}_s"]
   out["ratio"] = out["private_s"] / t_plain
@@ -125,12 +134,14 @@ _OPACUS_SCRIPT = textwrap.dedent("""
                          nn.Flatten(), nn.Linear(32 * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 10))
   x = torch.randn(batch, 784); y = torch.randint(0, 10, (batch,))
   out = {"torch": torch.__version__, "opacus": opacus.__version__, "threads": torch.get_num_threads()}
-  def med(step):
-    for _ in range(2): step()
-    ts = []
+  def best(steps):
+    for _ in range(2):
+      for st in steps: st()
+    ts = [[] for _ in steps]
     for _ in range(reps):
-      t0 = time.perf_counter(); step(); ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+      for t, st in zip(ts, steps):
+        t0 = time.perf_counter(); st(); t.append(time.perf_counter() - t0)
+    return [float(np.min(t)) for t in ts]
   for name, make in [("mlp", mlp), ("cnn", cnn)]:
     m = make(); opt = torch.optim.SGD(m.parameters(), lr=0.1)
     def plain():
@@ -140,7 +151,8 @@ _OPACUS_SCRIPT = textwrap.dedent("""
                        max_grad_norm=1.0, expected_batch_size=batch)
     def private():
       dopt.zero_grad(); F.cross_entropy(gm(x), y).backward(); dopt.step()
-    out[name] = {"nonprivate_s": med(plain), "private_s": med(private)}
+    t_plain, t_priv = best([plain, private])
+    out[name] = {"nonprivate_s": t_plain, "private_s": t_priv}
   print(json.dumps(out))
 """)
 
@@ -167,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
   parser.add_argument("--torch-python", default="/work/venv-torch/bin/python")
   parser.add_argument("--skip-opacus", action="store_true")
   args = parser.parse_args(argv)
-  reps = 5 if args.quick else 20
+  reps = 7 if args.quick else 20
   resnet_batch = 16 if args.quick else 64
   print(f"backend={jax.default_backend()} devices={jax.device_count()} batch={args.batch} reps={reps}")
   results: dict = {"backend": jax.default_backend(), "batch": args.batch, "reps": reps,

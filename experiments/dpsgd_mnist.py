@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import pathlib
 
 import jax

@@ -190,7 +190,9 @@ def train_dpsgd(
   Args:
     model: a ``flax.linen.Module`` (``params`` optional; initialised from
       ``key`` when omitted) or a ``flax.nnx.Module`` (its ``nnx.Param`` state is
-      trained and written back).
+      trained and written back). The model is applied deterministically to one
+      example at a time: no BatchNorm statistics (they mix examples; use
+      GroupNorm) and no dropout (non-``Param`` nnx state is held fixed).
     x, y: training inputs (N, ...) and integer labels (N,).
     key: ``jax.random`` key; split into init / sampling / noise keys.
     epochs: expected passes over the data; steps T = ceil(epochs / q).

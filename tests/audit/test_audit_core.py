@@ -258,3 +258,18 @@ def test_add_remove_neighbours_with_different_shapes():
                           num_trials=100_000, batch_size=50_000, claimed_epsilon=1.0,
                           progress=False)
   assert 0.85 <= r.epsilon_lower_bound <= 1.0
+
+
+def test_audit_detects_the_floating_point_leak_of_naive_laplace_noise():
+  # Mironov (2012): with float32 arithmetic, o = 1 + b lies on a coarser grid
+  # than o = b near 0, so exact cancellations in |o| - |o - 1| reveal which
+  # dataset was used although the real-valued mechanism is 1-DP. A smooth
+  # statistic (o itself) stays below the claim on the very same outputs.
+  naive = lambda k, d: d + jax.random.laplace(k, (), jnp.float32)
+  kw = dict(key=jax.random.key(8), num_trials=100_000, batch_size=50_000, claimed_epsilon=1.0,
+            progress=False)
+  smooth = audit.audit_epsilon(naive, jnp.float32(0.0), jnp.float32(1.0), **kw)
+  assert smooth.epsilon_lower_bound <= 1.0
+  bits = audit.audit_epsilon(naive, jnp.float32(0.0), jnp.float32(1.0),
+                             lambda o: jnp.abs(o) - jnp.abs(o - 1.0), **kw)
+  assert bits.violates_claim and bits.epsilon_lower_bound > 3.0

@@ -211,7 +211,7 @@ def test_prediction_sensitivity_audit(delta):
 
 
 def _subsample_aggregate_mechanism(beta, num_teachers):
-  query = jnp.ones((1, 2)) / jnp.sqrt(2.0)
+  query = jnp.array([[1.0, 0.0]])  # e_1, where teacher_vote_pair puts every example
 
   def mech(keys, d):
     teachers = sa.train_linear_teachers(d[0], d[1], num_teachers=num_teachers, num_classes=2,
@@ -223,10 +223,8 @@ def _subsample_aggregate_mechanism(beta, num_teachers):
 
 
 def _teacher_pair(num_teachers):
-  pair = audit.teacher_vote_pair(num_teachers, 3, dim=2)
-  (x, y), (x2, y2) = pair.dataset, pair.neighbour
-  x = x.at[:, :].set(1.0 / np.sqrt(2.0))  # query direction, still on the unit sphere
-  return (x, y), (x2.at[:, :].set(1.0 / np.sqrt(2.0)), y2)
+  pair = audit.teacher_vote_pair(num_teachers, 3, dim=2)  # votes (1, T-1) vs (0, T)
+  return pair.dataset, pair.neighbour
 
 
 @pytest.mark.parametrize("calibration", ["library", "paper_theorem_7"])
