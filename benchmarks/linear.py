@@ -144,12 +144,19 @@ def bench_batched(x, y, c, lam, tol, num_fits, num_scipy_fits, eps=1.0):
   noise = jax.vmap(lambda k: l2_laplace_noise(k, (d, c), cal.scale))(keys)
   onehot, x64 = np.eye(c)[y], x.astype(np.float64)
   t0 = time.perf_counter()
-  sp_w = []
+  sp_w, sp_iters, sp_gn = [], [], []
   for i in range(num_scipy_fits):
-    w, *_ = scipy_fit(x64, onehot, lam, tol, np.asarray(noise[i], np.float64) / n, cal.extra_l2)
+    w, _, gn, it = scipy_fit(x64, onehot, lam, tol, np.asarray(noise[i], np.float64) / n,
+                             cal.extra_l2)
     sp_w.append(w.reshape(d, c))
+    sp_iters.append(it)
+    sp_gn.append(gn)
   measured = time.perf_counter() - t0
   out["scipy_fits_measured"] = num_scipy_fits
+  out["scipy_mean_iters"] = float(np.mean(sp_iters))
+  out["scipy_max_grad_norm"] = float(np.max(sp_gn))
+  out["jaxdp_mean_iters"] = float(np.mean(np.asarray(res.info.num_iter)))
+  out["jaxdp_max_grad_norm"] = float(np.max(np.asarray(res.info.grad_norm)))
   out["scipy_measured_seconds"] = measured
   # Total for num_fits scipy fits (measured directly when num_scipy_fits == num_fits).
   out["scipy_seconds"] = measured * num_fits / num_scipy_fits
@@ -233,7 +240,8 @@ def main():
         f"sequential/vmap {batched['sequential_over_vmap']:.2f}, "
         f"sequential/map {batched['sequential_over_map']:.2f}, scipy/best-batched "
         f"{batched['scipy_over_best_batched']:.2f}; max |W_jaxdp - W_scipy| "
-        f"{batched['max_abs_weight_diff_vs_scipy']:.1e}")
+        f"{batched['max_abs_weight_diff_vs_scipy']:.1e}; mean iterations jaxdp "
+        f"{batched['jaxdp_mean_iters']:.0f} scipy {batched['scipy_mean_iters']:.0f}")
 
   lambdas = (1e-4, 1e-3, 1e-2) if args.quick else (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
   seeds = 3 if args.quick else 20

@@ -32,10 +32,6 @@ from tqdm import tqdm
 from jaxdp import data as jdata
 from jaxdp.training import linear, objective_perturbation, output_perturbation
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/accuracy_vs_epsilon.py",
-                                          "experiment config")
-
-
 def load_data(config):
   ds = jdata.load(config.dataset, data_dir=config.data_dir or None,
                   n_train=config.n_train or None, seed=config.seed,
@@ -157,10 +153,8 @@ def plot(rows, config, path):
   plt.close(fig)
 
 
-def _run(argv):
-  del argv
-  main(_CONFIG.value)
-
-
 if __name__ == "__main__":
-  app.run(_run)
+  # Defined here (not at import) so tests can import main() without registering absl flags.
+  _CONFIG = config_flags.DEFINE_config_file("config", "configs/accuracy_vs_epsilon.py",
+                                            "experiment config")
+  app.run(lambda argv: main(_CONFIG.value) and None)  # exit status 0, not the rows

@@ -72,6 +72,10 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
   """dp_accounting's RDP accountant extended with jaxdp's events."""
 
   def _maybe_compose(self, event, count, do_compose):
+    if isinstance(event, ev.LaplaceDpEvent) and event.noise_multiplier == 0:
+      if do_compose:  # no noise (dp_accounting would divide by zero)
+        self._rdp += np.inf
+      return None
     if isinstance(event, ev.ExponentialMechanismDpEvent):
       if do_compose:
         self._rdp += count * np.minimum(event.epsilon, self._orders * event.rho)
@@ -95,7 +99,9 @@ class _PldAccountant(pld_privacy_accountant.PLDAccountant):
     params = _pure_event_params(event)
     if params is not None:
       eps, delta = params
-      if do_compose:
+      if do_compose and math.isinf(eps):
+        self._contains_non_dp_event = True  # ε = ∞: no finite bound at any δ < 1
+      elif do_compose:
         pld = pld_lib.from_privacy_parameters(
             pld_common.DifferentialPrivacyParameters(eps, delta),
             value_discretization_interval=self._value_discretization_interval)
@@ -104,6 +110,52 @@ class _PldAccountant(pld_privacy_accountant.PLDAccountant):
         self._pld = self._pld.compose(pld)
       return None
     return super()._maybe_compose(event, count, do_compose)
+
+
+def _check_real(value, name: str, low: float, high: float = math.inf,
+                high_inclusive: bool = True) -> None:
+  """Raises ValueError unless ``value`` is a real number in [low, high] (or [low, high))."""
+  try:
+    v = float(value)
+  except (TypeError, ValueError) as err:
+    raise ValueError(f"{name} must be a real number, got {value!r}.") from err
+  upper_ok = v <= high if high_inclusive else v < high
+  if math.isnan(v) or v < low or not upper_ok:
+    bracket = "]" if high_inclusive else ")"
+    raise ValueError(f"{name} must be in [{low}, {high}{bracket}, got {value!r}.")
+
+
+def _check_event(event: ev.DpEvent) -> None:
+  """Validates the numeric fields of an event tree before it enters a ledger.
+
+  dp_accounting's event classes do not validate their fields, and the
+  bounds of this module would turn a malformed event into a *negative* cost
+  (e.g. ``LaplaceDpEvent(-1)`` counts ε = −1, ``PoissonSampledDpEvent(−0.5,
+  ·)`` or ``SelfComposedDpEvent(·, −3)`` a negative total), which would let a
+  :class:`PrivacyBudget` be overspent. ``noise_multiplier = 0`` stays allowed
+  (it means no noise: the event is non-private, infinite ε).
+  """
+  if isinstance(event, (ev.GaussianDpEvent, ev.LaplaceDpEvent)):
+    _check_real(event.noise_multiplier, f"{type(event).__name__}.noise_multiplier", 0.0)
+  elif isinstance(event, ev.PoissonSampledDpEvent):
+    _check_real(event.sampling_probability, "PoissonSampledDpEvent.sampling_probability", 0.0, 1.0)
+    _check_event(event.event)
+  elif isinstance(event, ev.SampledWithoutReplacementDpEvent):
+    _check_real(event.source_dataset_size, "SampledWithoutReplacementDpEvent.source_dataset_size", 0.0)
+    _check_real(event.sample_size, "SampledWithoutReplacementDpEvent.sample_size", 0.0,
+                float(event.source_dataset_size))
+    _check_event(event.event)
+  elif isinstance(event, ev.SelfComposedDpEvent):
+    count = event.count
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+      raise ValueError(f"SelfComposedDpEvent.count must be an integer >= 0, got {count!r}.")
+    _check_event(event.event)
+  elif isinstance(event, ev.ComposedDpEvent):
+    for e in event.events:
+      _check_event(e)
+  elif isinstance(event, ev.ZCDpEvent):
+    _check_real(event.rho, "ZCDpEvent.rho", 0.0)
+    _check_real(event.xi, "ZCDpEvent.xi", 0.0)
 
 
 def _walk(event: ev.DpEvent, leaf: Callable[[ev.DpEvent], tuple[float, float]],
@@ -156,7 +208,7 @@ def _zcdp_leaf(event: ev.DpEvent) -> tuple[float, float]:
     return zcdp.pure_dp_to_zcdp(eps) if math.isfinite(eps) else math.inf, 0.0
   params = _pure_event_params(event)
   if params is not None and params[1] == 0.0:
-    return zcdp.pure_dp_to_zcdp(params[0]), 0.0
+    return (zcdp.pure_dp_to_zcdp(params[0]) if math.isfinite(params[0]) else math.inf), 0.0
   raise UnsupportedEventError(f"{type(event).__name__} has no zCDP bound.")
 
 
@@ -176,9 +228,16 @@ class PrivacyAccountant:
 
   # -- recording --------------------------------------------------------------
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
-    """Records ``count`` runs of the mechanism described by ``event``."""
+    """Records ``count`` runs of the mechanism described by ``event``.
+
+    Raises:
+      ValueError: ``event`` is not a DpEvent, has a field out of range (NaN or
+        negative noise multiplier, sampling probability outside [0, 1],
+        negative count or ρ), or ``count`` is not an integer >= 1.
+    """
     if not isinstance(event, ev.DpEvent):
       raise ValueError(f"event must be a DpEvent, got {type(event).__name__}.")
+    _check_event(event)
     count = _validation.check_positive_int(count, "count")
     key = json.dumps(ev.event_to_dict(event), sort_keys=True)
     if key in self._index:

@@ -115,3 +115,29 @@ def round_inverse_scale_down(beta: float, dtype: Any) -> np.ndarray:
   if float(out) > beta:
     out = np.nextafter(out, np.asarray(0.0, dtype=dtype))
   return out
+
+
+def noise_scale_as(scale: Any, dtype: Any, round_up: bool = True) -> jax.Array:
+  """A (scalar or array) noise parameter as a ``dtype`` array, rounded towards more noise.
+
+  Concrete values are derived in float64; a plain cast to float32 rounds to
+  nearest and can shave up to half an ulp off a proven scale. Scales
+  (``scale``, ``stddev``) are rounded *up* (``round_up=True``), inverse scales
+  (``beta``) *down* (``round_up=False``). Traced values are only cast (they
+  cannot be inspected; callers that trace scales should round them first, as
+  :mod:`jaxdp.prediction.predictor` does).
+  """
+  if is_traced(scale):
+    return jnp.asarray(scale, dtype=dtype)
+  dtype = np.dtype(dtype)
+  exact = np.asarray(scale, dtype=np.float64)
+  out = exact.astype(dtype)
+  if round_up:
+    bad = out.astype(np.float64) < exact
+    toward = np.asarray(np.inf, dtype=dtype)
+  else:
+    bad = out.astype(np.float64) > exact
+    toward = np.asarray(0.0, dtype=dtype)
+  if np.any(bad):
+    out = np.where(bad, np.nextafter(out, toward), out).astype(dtype)
+  return jnp.asarray(out, dtype=dtype)

@@ -86,7 +86,7 @@ def _check_beta(beta: Any) -> None:
 def _scaled_scores(scores: Any, beta: Any) -> jax.Array:
   scores = jnp.asarray(scores)
   dtype = _common.float_dtype_of(scores)
-  beta = jnp.asarray(beta, dtype=dtype)
+  beta = _common.noise_scale_as(beta, dtype, round_up=False)  # never a larger beta than given
   # beta is a scalar or broadcastable to the batch shape scores.shape[:-1].
   return beta[..., None] * scores.astype(dtype)
 

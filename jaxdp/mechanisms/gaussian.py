@@ -65,7 +65,8 @@ def gaussian_noise(
   """
   _common.check_scale(stddev, "stddev")
   shape = _common.normalize_shape(shape)
-  return _sampling.standard_normal(key, shape, dtype) * jnp.asarray(stddev, dtype=dtype)
+  stddev = _common.noise_scale_as(stddev, dtype, round_up=True)
+  return _sampling.standard_normal(key, shape, dtype) * stddev
 
 
 def _add_gaussian(key: jax.Array, value: Any, sigma: float) -> jax.Array:

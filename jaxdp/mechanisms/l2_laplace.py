@@ -53,7 +53,7 @@ def l2_laplace_radius(
   shape = _common.normalize_shape(shape)
   dim = _common.shape_size(shape)
   gamma = _sampling.standard_gamma_integer(key, dim, dtype)
-  return gamma / jnp.asarray(beta, dtype=dtype)
+  return gamma / _common.noise_scale_as(beta, dtype, round_up=False)
 
 
 def uniform_direction(

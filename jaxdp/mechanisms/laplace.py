@@ -52,7 +52,7 @@ def laplace_noise(
   _common.check_scale(scale, "scale")
   shape = _common.normalize_shape(shape)
   unit = _sampling.standard_laplace(key, shape, dtype)
-  return unit * jnp.asarray(scale, dtype=dtype)
+  return unit * _common.noise_scale_as(scale, dtype, round_up=True)
 
 
 def laplace_scale(l1_sensitivity: float, epsilon: float) -> float:

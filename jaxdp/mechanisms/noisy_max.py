@@ -58,7 +58,7 @@ def _noisy_argmax(counts: jax.Array, noise: jax.Array) -> jax.Array:
 
 def _scale_for_batch(scale: Any, dtype: Any) -> jax.Array:
   # A scale is a scalar or broadcastable to the batch shape counts.shape[:-1].
-  return jnp.asarray(scale, dtype=dtype)[..., None]
+  return _common.noise_scale_as(scale, dtype, round_up=True)[..., None]
 
 
 def report_noisy_max_laplace(key: jax.Array, counts: Any, scale: Any) -> jax.Array:

@@ -164,6 +164,8 @@ def pate_label_and_train(
   """
   from jaxdp.accounting import accountant as _accountant  # pylint: disable=import-outside-toplevel
   _check_mechanism(mechanism)
+  _validation.check_delta(delta)  # before any (costly) training
+  _noisy_max._static_positive(scale, "scale")  # pylint: disable=protected-access
   partition_key, label_key = jax.random.split(key)
   teachers = _sa.train_linear_teachers(x_private, y_private, num_teachers=num_teachers,
                                        num_classes=num_classes, l2_reg=teacher_l2_reg,

@@ -289,7 +289,8 @@ class PredictionSensitivityPredictor(PrivatePredictor):
       privacy_budget: _accountant.PrivacyBudget | None = None,
       state_path: str | os.PathLike | None = None,
   ):
-    self.weights = jnp.asarray(weights)
+    # NaN/inf weights would make the answer deterministic (NaN) whatever the noise.
+    self.weights = jnp.asarray(_validation.check_finite_array(weights, "weights"))
     if self.weights.ndim != 2:
       raise ValueError(f"weights must have shape (D, C), got {self.weights.shape}.")
     self.calibration = calibration

@@ -150,3 +150,39 @@ def test_bad_input():
     events.ApproxDpEvent(0.1, 1.5)
   with pytest.raises(ValueError, match="method"):
     PrivacyAccountant().get_epsilon(1e-5, method="moments")
+
+
+@pytest.mark.parametrize("event,field", [
+    (events.LaplaceDpEvent(noise_multiplier=-0.5), "noise_multiplier"),
+    (events.GaussianDpEvent(noise_multiplier=math.nan), "noise_multiplier"),
+    (events.PoissonSampledDpEvent(-0.5, events.PureDpEvent(1.0)), "sampling_probability"),
+    (events.PoissonSampledDpEvent(2.0, events.GaussianDpEvent(1.0)), "sampling_probability"),
+    (events.SelfComposedDpEvent(events.PureDpEvent(1.0), -3), "count"),
+    (events.ComposedDpEvent([events.PureDpEvent(0.1), events.ZCDpEvent(-0.5)]), "rho"),
+    (events.PoissonSampledDpEvent(0.1, events.LaplaceDpEvent(noise_multiplier=-1.0)),
+     "noise_multiplier"),
+])
+def test_malformed_events_are_refused_before_they_lower_the_total(event, field):
+  # Without validation, LaplaceDpEvent(-0.5) counted eps = -2 and let a budget of 1 absorb 2.5.
+  with pytest.raises(ValueError, match=field):
+    PrivacyAccountant().spend(event)
+  budget = PrivacyBudget(epsilon=1.0, delta=1e-5)
+  with pytest.raises(ValueError, match=field):
+    budget.spend(event)
+  assert budget.accountant.ledger == ()
+  with pytest.raises(ValueError, match=field):
+    PrivacyAccountant.from_state_dict({"ledger": [[events.event_to_dict(event), 1]]})
+
+
+def test_infinite_epsilon_event_is_infinite_for_every_method():
+  acc = PrivacyAccountant()
+  acc.spend(events.PureDpEvent(math.inf))
+  for method in ["auto", "pure", "basic", "rdp", "pld"]:
+    assert math.isinf(acc.get_epsilon(1e-5, method)), method
+  budget = PrivacyBudget(epsilon=10.0, delta=1e-5)
+  with pytest.raises(BudgetExceededError):
+    budget.spend(events.PureDpEvent(math.inf))
+  # noise multiplier 0 (no noise) is a valid, non-private event
+  zero = PrivacyAccountant()
+  zero.spend(events.LaplaceDpEvent(noise_multiplier=0.0))
+  assert math.isinf(zero.get_epsilon(1e-5))

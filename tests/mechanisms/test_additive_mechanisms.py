@@ -243,3 +243,42 @@ def test_mechanism_uses_the_rounded_up_scale():
   scale32 = _common.round_scale_up(1 / eps, np.float32)
   assert float(scale32) > 1 / eps
   np.testing.assert_array_equal(out, unit * scale32)
+
+
+# 1 + 2^-25 lies between the float32 values 1 and 1 + 2^-23 and is nearest to 1: a plain
+# cast would round this scale DOWN (less noise) and this beta UP (less noise).
+_ROUNDS_DOWN = 1.0 + 2.0**-25
+
+
+def test_raw_samplers_and_selection_mechanisms_round_concrete_scales_towards_more_noise():
+  from jaxdp.mechanisms import _common
+  from jaxdp.mechanisms import exponential as _exponential
+  from jaxdp.mechanisms import noisy_max as _noisy_max
+  assert float(np.float32(_ROUNDS_DOWN)) < _ROUNDS_DOWN  # the premise of the test
+  up = float(np.nextafter(np.float32(1.0), np.float32(2.0)))
+  key = jax.random.key(12)
+  unit_lap = np.asarray(mech.laplace_noise(key, (7,), 1.0))
+  np.testing.assert_array_equal(np.asarray(mech.laplace_noise(key, (7,), _ROUNDS_DOWN)),
+                                unit_lap * np.float32(up))
+  unit_gau = np.asarray(mech.gaussian_noise(key, (7,), 1.0))
+  np.testing.assert_array_equal(np.asarray(mech.gaussian_noise(key, (7,), _ROUNDS_DOWN)),
+                                unit_gau * np.float32(up))
+  # beta (an inverse scale) is rounded down: radius = Gamma / beta is never smaller.
+  big_beta = 1.0 + 2.0**-22 - 2.0**-25  # nearest float32 is 1 + 2^-22 (above)
+  assert float(np.float32(big_beta)) > big_beta
+  below = np.nextafter(np.float32(big_beta), np.float32(0.0))
+  gamma = np.asarray(mech.l2_laplace_radius(key, (3,), 1.0))
+  np.testing.assert_array_equal(np.asarray(mech.l2_laplace_radius(key, (3,), big_beta)),
+                                gamma / below)
+  # report-noisy-max scales (rounded up) and exponential-mechanism betas (rounded down)
+  assert float(_noisy_max._scale_for_batch(_ROUNDS_DOWN, jnp.float32)[0]) >= _ROUNDS_DOWN
+  assert float(_noisy_max._scale_for_batch(np.array([_ROUNDS_DOWN, 2.0]), jnp.float32)[0, 0]) \
+      >= _ROUNDS_DOWN
+  assert float(_exponential._scaled_scores(jnp.ones(3), big_beta)[0]) <= big_beta
+  # the shared helper, on arrays, both directions, and idempotent on representable values
+  arr = np.array([_ROUNDS_DOWN, big_beta, 0.5, np.inf])
+  assert np.all(np.asarray(_common.noise_scale_as(arr, jnp.float32), np.float64) >= arr)
+  assert np.all(np.asarray(_common.noise_scale_as(arr, jnp.float32, round_up=False), np.float64)
+                <= arr)
+  np.testing.assert_array_equal(np.asarray(_common.noise_scale_as(np.float32(0.1), jnp.float32)),
+                                np.float32(0.1))

@@ -139,3 +139,13 @@ def test_data_dependent_rdp_falls_back_and_is_marked():
   ambiguous = pate.gnmax_data_dependent_epsilon(np.tile(np.array([34, 33, 33]), (50, 1)), 10.0,
                                                 1e-5)
   assert ambiguous.epsilon == pytest.approx(ambiguous.data_independent_epsilon)
+
+
+@pytest.mark.parametrize("kwargs,match", [(dict(delta=1.5), "delta"), (dict(delta=math.nan), "delta"),
+                                          (dict(scale=0.0), "scale"), (dict(scale=math.inf), "scale")])
+def test_pate_bad_privacy_arguments_raise_before_training(kwargs, match):
+  x, y = _blobs(40, seed=1)
+  args = dict(num_teachers=4, num_classes=3, mechanism="gnmax", scale=3.0, delta=1e-5)
+  args.update(kwargs)
+  with pytest.raises(ValueError, match=match):
+    pate.pate_label_and_train(jax.random.key(0), x, y, x[:5], **args)

@@ -151,3 +151,56 @@ def test_voting_predictors(kind):
       dict(mechanism=kind, delta=1e-5 if kind == "gnmax" else 0.0)), **kwargs)
   with pytest.raises(ValueError, match="fingerprint"):
     other.load_state_dict(p.state_dict())
+
+
+def _fold_keys(key, first, m):
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(first + np.arange(m, dtype=np.uint32))
+
+
+@pytest.mark.parametrize("delta", [0.0, 1e-5])
+def test_prediction_sensitivity_answers_use_the_calibrated_noise_and_fresh_keys(delta):
+  """predict() == calibrated noise on the exact logits, query i drawn with fold_in(key, i)."""
+  from jaxdp.prediction import prediction_sensitivity as ps
+  p = _ps_predictor(budget=6, delta=delta)
+  cal = ps.calibrate_prediction_sensitivity(1.0, delta, 6, 500, 0.1)
+  assert p.calibration == cal
+  x = _queries(3)
+  logits = x @ _weights()
+  first = np.asarray(p.predict(x))
+  second = np.asarray(p.predict(x))
+  for start, got in ((0, first), (3, second)):
+    expected = ps.noisy_logits_from_keys(_fold_keys(jax.random.key(42), start, 3), logits,
+                                         cal.noise, cal.scale)
+    np.testing.assert_allclose(got, np.asarray(expected), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["exponential", "lnmax", "gnmax"])
+def test_voting_predictor_answers_use_the_calibrated_noise(kind):
+  from jaxdp.prediction import pate
+  w = _teacher_weights()
+  # A large epsilon keeps the noise comparable to the votes, so a wrong scale changes many labels.
+  eps = 200.0
+  kwargs = dict(epsilon=eps, budget=400, key=jax.random.key(7))
+  x = np.random.default_rng(6).normal(size=(400, D)).astype(np.float32)
+  votes = sa.linear_teacher_votes(w, x)
+  keys = _fold_keys(jax.random.key(7), 0, 400)
+  if kind == "exponential":
+    p = pr.SubsampleAggregatePredictor.from_linear_teachers(w, delta=0.0, **kwargs)
+    expected = sa.aggregate_exponential_from_keys(keys, votes, eps / 800)
+    wrong = sa.aggregate_exponential_from_keys(keys, votes, 2 * eps / 800)
+  else:
+    delta = 1e-5 if kind == "gnmax" else 0.0
+    p = pr.NoisyMaxPredictor.from_linear_teachers(w, mechanism=kind, delta=delta, **kwargs)
+    scale = pate.noisy_max_scale(kind, eps, delta, 400)
+    expected = pate.noisy_max_labels_from_keys(keys, votes, kind, scale)
+    wrong = pate.noisy_max_labels_from_keys(keys, votes, kind, scale / 2)
+  assert np.sum(np.asarray(wrong) != np.asarray(expected)) > 10  # the check has power
+  np.testing.assert_array_equal(np.asarray(p.predict(x)), np.asarray(expected))
+
+
+def test_non_finite_weights_are_refused():
+  w = _weights()
+  w[0, 0] = np.nan
+  with pytest.raises(ValueError, match="weights"):
+    pr.PredictionSensitivityPredictor.from_weights(
+        w, num_examples=500, l2_reg=0.1, epsilon=1.0, delta=0.0, budget=5, key=jax.random.key(0))

@@ -194,26 +194,67 @@ def test_input_validation():
 # ---- empirical privacy ----------------------------------------------------------------------
 
 
-def _audit_loss_perturbation(num_runs: int, eps: float) -> float:
-  """1-D, 2-class loss perturbation on add/remove neighbours; returns the log-ratio lower bound."""
+def _audit_loss_perturbation(num_runs: int, eps: float, beta_factor: float = 1.0) -> float:
+  """1-D, 2-class loss perturbation on add/remove neighbours; returns the log-ratio lower bound.
+
+  ``beta_factor > 1`` shrinks the noise (a deliberately broken mechanism) to check the
+  audit's power; it calls the internal solver with the modified scale.
+  """
   x = np.asarray([[1.0], [0.8], [-1.0], [1.0], [0.5]], np.float32)
   y = np.asarray([1, 1, 0, 0, 1], np.int32)
   x2 = np.concatenate([x, [[1.0]]]).astype(np.float32)
   y2 = np.concatenate([y, [0]]).astype(np.int32)
   k1, k2 = jax.random.split(jax.random.key(11))
-  r1 = obp.loss_perturbation(jax.random.split(k1, num_runs), x, y, num_classes=2, epsilon=eps)
-  r2 = obp.loss_perturbation(jax.random.split(k2, num_runs), x2, y2, num_classes=2, epsilon=eps)
-  # Post-processing statistic: the logit difference theta[0, 1] - theta[0, 0].
-  s1 = np.asarray(r1.weights[:, 0, 1] - r1.weights[:, 0, 0])
-  s2 = np.asarray(r2.weights[:, 0, 1] - r2.weights[:, 0, 0])
-  return histogram_log_ratio_lower_bound(s1, s2, num_bins=10)
+
+  def run(k, xs, ys):
+    keys = jax.random.split(k, num_runs)
+    if beta_factor == 1.0:
+      res = obp.loss_perturbation(keys, xs, ys, num_classes=2, epsilon=eps)
+    else:
+      cal = obp.loss_perturbation_calibration(epsilon=eps, num_examples=xs.shape[0], num_classes=2)
+      res = obp._perturbed_fit_many(  # pylint: disable=protected-access
+          keys, jnp.asarray(xs), jnp.asarray(ys), cal.scale * beta_factor, cal.extra_l2, 0.0, 0.5,
+          1e-6, noise="l2_laplace", loss="softmax", num_classes=2, max_iter=500, mode="vmap")
+    assert bool(np.all(res.info.converged))
+    # Post-processing statistic: the logit difference theta[0, 1] - theta[0, 0].
+    return np.asarray(res.weights[:, 0, 1] - res.weights[:, 0, 0])
+
+  return histogram_log_ratio_lower_bound(run(k1, x, y), run(k2, x2, y2), num_bins=10)
 
 
 def test_empirical_privacy_loss_perturbation_small():
   assert _audit_loss_perturbation(20_000, eps=1.0) <= 1.0
+  # Power: noise 5x too small is detected (lower bound ~1.4 > eps on this problem).
+  assert _audit_loss_perturbation(20_000, eps=1.0, beta_factor=5.0) > 1.0
 
 
 @pytest.mark.slow
 def test_empirical_privacy_loss_perturbation_large():
   for eps in (0.5, 2.0):
     assert _audit_loss_perturbation(200_000, eps=eps) <= eps
+
+
+def _audit_binary_objective_perturbation(num_runs: int, eps: float) -> float:
+  """1-D logistic objective perturbation (paper 003 Alg. 1) on replace-one neighbours."""
+  x = np.asarray([[1.0], [0.9], [-1.0], [0.7], [1.0], [-0.5]], np.float32)
+  y1 = np.asarray([1, 1, 0, 0, 1, 0], np.int32)
+  y2 = y1.copy()
+  y2[-1] = 1  # replace the last record's label (and thereby its contribution)
+  x2 = x.copy()
+  x2[-1] = 1.0
+  k1, k2 = jax.random.split(jax.random.key(12))
+  kw = dict(epsilon=eps, l2_reg=0.2, loss="logistic")
+  r1 = obp.objective_perturbation(jax.random.split(k1, num_runs), x, y1, **kw)
+  r2 = obp.objective_perturbation(jax.random.split(k2, num_runs), x2, y2, **kw)
+  return histogram_log_ratio_lower_bound(np.asarray(r1.weights[:, 0]), np.asarray(r2.weights[:, 0]),
+                                         num_bins=10)
+
+
+def test_empirical_privacy_binary_objective_perturbation_small():
+  assert _audit_binary_objective_perturbation(20_000, eps=1.0) <= 1.0
+
+
+@pytest.mark.slow
+def test_empirical_privacy_binary_objective_perturbation_large():
+  for eps in (0.5, 2.0):
+    assert _audit_binary_objective_perturbation(200_000, eps=eps) <= eps

@@ -39,6 +39,7 @@ import numpy as np
 import optax
 
 from jaxdp import _validation
+from jaxdp import mechanisms
 
 
 class NoisyAggregateState(NamedTuple):
@@ -113,7 +114,10 @@ def noisy_aggregate(
     leaves, treedef = jax.tree.flatten(updates)
     keys = jax.random.split(noise_key, max(len(leaves), 1))
     noised = [
-        ((g + _round_up(std, g.dtype) * jax.random.normal(k, g.shape, g.dtype)) / denom).astype(g.dtype)
+        # jaxdp.mechanisms.gaussian_noise has full float32 tails (jax.random.normal
+        # stops near 5.4 sigma, which breaks the density-ratio argument at the edge).
+        ((g + mechanisms.gaussian_noise(k, g.shape, _round_up(std, g.dtype), g.dtype)) / denom
+        ).astype(g.dtype)
         for g, k in zip(leaves, keys)
     ]
     return jax.tree.unflatten(treedef, noised), NoisyAggregateState(next_key, state.count + 1)

@@ -129,6 +129,27 @@ def test_mostly_empty_batches_still_get_noise():
   assert all(np.all(np.isfinite(v)) for v in jax.tree.leaves(moved))
 
 
+def test_train_step_noise_uses_per_layer_sensitivity_and_qn():
+  # One step, lr 1: the parameter change is (clipped sum + N(0, (sigma S)^2)) / (qN).
+  # With per-layer norms (0.3, 0.4), S = sqrt(0.3^2 + 0.4^2) = 0.5, so the noise std
+  # per coordinate is 3.0 * 0.5 / 10 = 0.15. The clipped signal (norm <= |B| S / qN
+  # ~ 0.5 over 1539 coordinates) adds < 1% to the variance. The std over 1539
+  # coordinates has relative s.e. 1.8%; the 6% band rejects S = max c_k (0.12),
+  # S = sum c_k (0.21) and dividing by a realised |B| != qN.
+  x, y = _toy(n=200, d=20)
+  model = models.MLP(hidden_sizes=(64,), num_classes=3)
+  init = model.init(jax.random.key(4), x[:1])["params"]
+  res = dpsgd.train_dpsgd(model, x, y, params=init, key=jax.random.key(5), epochs=0.05,
+                          l2_clip_norm={"Dense_0": 0.3, "Dense_1": 0.4}, per_layer=True,
+                          delta=1e-5, sample_rate=0.05, noise_multiplier=3.0,
+                          optimizer=optax.sgd(1.0), accountant=None)
+  assert res.steps == 1 and res.sensitivity == pytest.approx(0.5)
+  delta = np.concatenate([np.ravel(a - b) for a, b in
+                          zip(jax.tree.leaves(res.params), jax.tree.leaves(init))])
+  assert delta.size == 1539
+  np.testing.assert_allclose(delta.std(), 0.15, rtol=0.06)
+
+
 def test_bad_arguments():
   x, y = _toy()
   m = models.LinearClassifier(num_classes=3)

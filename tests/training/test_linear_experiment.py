@@ -1,0 +1,37 @@
+"""Smoke test of experiments/accuracy_vs_epsilon.py (tiny config on the embedded digits set)."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _load(rel):
+  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_accuracy_vs_epsilon_writes_results(tmp_path):
+  pytest.importorskip("ml_collections")
+  config = _load("configs/accuracy_vs_epsilon.py").get_config()
+  config.epsilons = (1.0, 100.0)
+  config.deltas = (0.0,)
+  config.l2_regs = (1e-3, 1e-2)
+  config.num_seeds = 2
+  config.n_train = 400
+  config.out_dir = str(tmp_path)
+  experiment = _load("experiments/accuracy_vs_epsilon.py")
+  rows = experiment.main(config)
+  out = tmp_path / config.name
+  assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json", "accuracy_vs_epsilon.png"}
+  meta = json.loads((out / "results.json").read_text())
+  assert len(meta["rows"]) == len(rows) == 1 + 2 * 2
+  by = {(r["method"], r["epsilon"]): r["test_accuracy_mean"] for r in rows}
+  assert by[("non_private", float("inf"))] > 0.85
+  for method in ("model_sensitivity", "loss_perturbation"):
+    assert by[(method, 100.0)] > by[(method, 1.0)]
