@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 from typing import Callable
 
 import numpy as np
@@ -141,9 +142,9 @@ def _check_event(event: ev.DpEvent) -> None:
     _check_real(event.sampling_probability, "PoissonSampledDpEvent.sampling_probability", 0.0, 1.0)
     _check_event(event.event)
   elif isinstance(event, ev.SampledWithoutReplacementDpEvent):
-    _check_real(event.source_dataset_size, "SampledWithoutReplacementDpEvent.source_dataset_size", 0.0)
-    _check_real(event.sample_size, "SampledWithoutReplacementDpEvent.sample_size", 0.0,
-                float(event.source_dataset_size))
+    name = "SampledWithoutReplacementDpEvent"
+    _check_real(event.source_dataset_size, f"{name}.source_dataset_size", 0.0)
+    _check_real(event.sample_size, f"{name}.sample_size", 0.0, float(event.source_dataset_size))
     _check_event(event.event)
   elif isinstance(event, ev.SelfComposedDpEvent):
     count = event.count
@@ -239,7 +240,11 @@ class PrivacyAccountant:
       raise ValueError(f"event must be a DpEvent, got {type(event).__name__}.")
     _check_event(event)
     count = _validation.check_positive_int(count, "count")
-    key = json.dumps(ev.event_to_dict(event), sort_keys=True)
+    data = ev.event_to_dict(event)
+    # Canonical copy with Python floats/ints: a numpy float32 field would otherwise
+    # carry float32 arithmetic into dp_accounting (accounting is float64 only).
+    event = ev.event_from_dict(data)
+    key = json.dumps(data, sort_keys=True)
     if key in self._index:
       self._ledger[self._index[key]][1] += count
     else:
@@ -382,6 +387,9 @@ class PrivacyBudget:
       raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
     self.method = method
     self.accountant = accountant if accountant is not None else PrivacyAccountant()
+    # spend() is check-then-commit: the lock makes it atomic when several
+    # predictors or threads share one budget (else both could pass the check).
+    self._lock = threading.RLock()
     if not self._within_limit(self.accountant):
       raise BudgetExceededError("the given accountant has already spent more than this budget.")
 
@@ -419,21 +427,26 @@ class PrivacyBudget:
     return False
 
   def can_spend(self, event: ev.DpEvent, count: int = 1) -> bool:
-    trial = self.accountant.copy()
+    with self._lock:
+      trial = self.accountant.copy()
     trial.spend(event, count)
     return self._within_limit(trial)
 
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
-    """Spends ``count`` × ``event`` or raises BudgetExceededError (spending nothing)."""
-    trial = self.accountant.copy()
-    trial.spend(event, count)
-    if not self._within_limit(trial):
-      total = self._epsilon_of(trial)
-      raise BudgetExceededError(
-          f"spending {count} x {event} would bring epsilon to {total:.6g} at delta={self.delta}, "
-          f"over the budget epsilon={self.epsilon}; nothing was spent "
-          f"(spent so far: {self.spent_epsilon():.6g}).")
-    self.accountant.spend(event, count)
+    """Spends ``count`` × ``event`` or raises BudgetExceededError (spending nothing).
+
+    Thread-safe: the check and the commit happen under one lock.
+    """
+    with self._lock:
+      trial = self.accountant.copy()
+      trial.spend(event, count)
+      if not self._within_limit(trial):
+        total = self._epsilon_of(trial)
+        raise BudgetExceededError(
+            f"spending {count} x {event} would bring epsilon to {total:.6g} at delta={self.delta}, "
+            f"over the budget epsilon={self.epsilon}; nothing was spent "
+            f"(spent so far: {self.spent_epsilon():.6g}).")
+      self.accountant.spend(event, count)
 
   def state_dict(self) -> dict:
     return {"epsilon": self.epsilon, "delta": self.delta, "method": self.method,
@@ -447,8 +460,12 @@ class PrivacyBudget:
   def save(self, path: str | os.PathLike) -> None:
     """Writes the budget and its ledger as JSON (atomically)."""
     tmp = f"{os.fspath(path)}.tmp"
+    with self._lock:
+      state = self.state_dict()
     with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(self.state_dict(), f)
+      json.dump(state, f)
+      f.flush()
+      os.fsync(f.fileno())  # durable before it replaces the old ledger
     os.replace(tmp, path)
 
   @classmethod

@@ -104,7 +104,9 @@ def analytic_gaussian_alpha(epsilon: float, delta: float) -> float:
       else:
         hi = mid
     v_star = lo  # satisfies B⁺(v) ≤ δ; α decreases in v, so this errs on the safe side.
-    return math.sqrt(1.0 + v_star / 2.0) - math.sqrt(v_star / 2.0)
+    # sqrt(1 + v/2) − sqrt(v/2), written without the cancellation that loses
+    # digits for large v (tiny ε and δ).
+    return 1.0 / (math.sqrt(1.0 + v_star / 2.0) + math.sqrt(v_star / 2.0))
   # B⁻ decreases from δ₀ (u = 0) to 0; u* is the smallest u with B⁻(u) ≤ δ.
   lo, hi = 0.0, 1.0
   while _b_minus(epsilon, hi) > delta:
@@ -147,11 +149,12 @@ def analytic_gaussian_sigma(epsilon: float, delta: float, sensitivity: float = 1
     return 0.0
   sigma = analytic_gaussian_alpha(epsilon, delta) * sensitivity / math.sqrt(2.0 * epsilon)
   # Rounding in α's closed form can leave δ(σ) a few ulps above δ; nudge σ up
-  # until (*) holds exactly in float64, so the guarantee is never overstated.
-  for _ in range(200):
-    if analytic_gaussian_delta(sigma, epsilon, sensitivity) <= delta:
-      break
-    sigma *= 1.0 + 1e-12
+  # (with growing steps, δ(σ) is decreasing in σ) until (*) holds exactly in
+  # float64, so the guarantee is never overstated.
+  step = 1e-12
+  while analytic_gaussian_delta(sigma, epsilon, sensitivity) > delta:
+    sigma *= 1.0 + step
+    step *= 2.0
   return sigma
 
 

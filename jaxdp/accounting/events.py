@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import attr
+import numpy as np
 from dp_accounting import dp_event
 from dp_accounting.dp_event import (  # pylint: disable=unused-import
     ComposedDpEvent,
@@ -109,6 +110,8 @@ def event_to_dict(event: DpEvent) -> dict:
   out = {"type": type(event).__name__}
   for field in attr.fields(type(event)):
     value = getattr(event, field.name)
+    if isinstance(value, np.generic):  # numpy scalars (e.g. a float32 noise multiplier)
+      value = value.item()
     if isinstance(value, DpEvent):
       value = event_to_dict(value)
     elif isinstance(value, (list, tuple)):

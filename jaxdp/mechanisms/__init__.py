@@ -21,6 +21,11 @@ Noise-scale helpers: :func:`laplace_scale`, :func:`l2_laplace_beta`,
 :func:`gaussian_zcdp_sigma` (the last three re-exported from
 :mod:`jaxdp.accounting`, float64).
 
+Rounding: :func:`noise_scale_as` casts a float64 noise scale to the noise
+dtype rounding towards more noise (up for ``scale``/``stddev``, down for
+``beta``); the samplers do it for concrete scales, and callers that pass a scale
+*through* ``jax.jit`` (where it is traced) should call it first.
+
 Samplers: :func:`laplace_noise`, :func:`gaussian_noise`,
 :func:`l2_laplace_noise`, :func:`gumbel_max`.
 Mechanisms: :func:`laplace_mechanism`, :func:`gaussian_mechanism` (analytic),
@@ -29,6 +34,7 @@ Mechanisms: :func:`laplace_mechanism`, :func:`gaussian_mechanism` (analytic),
 :func:`report_noisy_max_laplace`, :func:`report_noisy_max_gaussian`.
 """
 
+from jaxdp.mechanisms._common import noise_scale_as
 from jaxdp.mechanisms.exponential import exponential_mechanism
 from jaxdp.mechanisms.exponential import exponential_mechanism_beta
 from jaxdp.mechanisms.exponential import exponential_mechanism_epsilon
@@ -64,6 +70,7 @@ from jaxdp.mechanisms.noisy_max import report_noisy_max_laplace_epsilon
 from jaxdp.mechanisms.noisy_max import report_noisy_max_laplace_event
 
 __all__ = [
+    "noise_scale_as",
     "analytic_gaussian_sigma",
     "classic_gaussian_mechanism",
     "classic_gaussian_mechanism_event",

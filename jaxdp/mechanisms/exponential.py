@@ -31,7 +31,7 @@ dominates ``Z`` (e.g. ``[1, T-1] -> [0, T]``), ``p(a|D)/p(a|D') -> exp(2 beta)``
 56-59) drops the normaliser ``Z`` (it writes ``p(y) = exp(beta u_y)``), so
 its claim ``beta = epsilon/B`` gives ``epsilon``-DP is off by a factor of 2;
 following the correct proof, ``B`` answers with parameter ``beta`` are
-``2 B beta``-DP. (``tests/mechanisms/test_exponential.py`` computes the exact
+``2 B beta``-DP. (``tests/mechanisms/test_exponential_mechanism.py`` computes the exact
 worst-case log-ratio on all vote histograms of a small ensemble: it exceeds
 ``beta`` and stays below ``2 beta``.) Only for *monotone* scores (all scores
 move in the same direction between neighbours, e.g. counts under add/remove of

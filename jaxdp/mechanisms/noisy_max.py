@@ -18,7 +18,7 @@ companion functions.)
   mechanism with ``Delta_1 = 2`` (Dwork & Roth Thm 3.6) and the argmax is
   post-processing. The bound is tight: with two classes and the vote moving
   away from the output class, the probability ratio tends to ``exp(2/b)`` as the
-  margin grows (``tests/mechanisms/test_noisy_max.py`` computes it exactly).
+  margin grows (``tests/mechanisms/test_report_noisy_max.py`` computes it exactly).
   Dwork & Roth's Claim 3.9 (``1/b`` for report-noisy-max) assumes *monotone*
   neighbours, which a moved vote is not. The DpEvent is
   ``LaplaceDpEvent(noise_multiplier = b / Delta_1)``; dp_accounting's RDP for it

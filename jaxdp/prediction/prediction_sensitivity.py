@@ -51,6 +51,7 @@ from jaxdp import _validation
 from jaxdp.accounting import analytic_gaussian as _analytic
 from jaxdp.accounting import composition as _composition
 from jaxdp.accounting import events as _events
+from jaxdp.mechanisms import _common
 from jaxdp.mechanisms import gaussian as _gaussian
 from jaxdp.mechanisms import l2_laplace as _l2_laplace
 
@@ -230,6 +231,10 @@ def noisy_logits_from_keys(
     raise ValueError(f"logits must have shape (num_queries, num_classes), got {logits.shape}.")
   num_classes = logits.shape[1]
   dtype = logits.dtype if jnp.issubdtype(logits.dtype, jnp.floating) else jnp.float32
+  # These answers are released as private: refuse a concrete scale that means "no noise"
+  # (sigma = 0 or beta = inf), which the raw samplers accept for non-private baselines.
+  if noise in ("l2_laplace", "gaussian"):
+    _common.check_scale(scale, "scale", allow_zero=False, allow_inf=False)
   if noise == "l2_laplace":
     sample = lambda k: _l2_laplace.l2_laplace_noise(k, (num_classes,), scale, dtype)
   elif noise == "gaussian":

@@ -94,7 +94,7 @@ def functional_mechanism_calibration(task: str, dim: int, epsilon: float) -> Fun
 
 
 def polynomial_coefficients(x: jax.Array, y: jax.Array, task: str) -> tuple[jax.Array, jax.Array]:
-  """Summed degree-1 vector ``a`` and degree-2 matrix ``M`` (loss = ``a^T theta + theta^T M theta`` + const)."""
+  """Summed degree-1 ``a`` and degree-2 ``M``: summed loss = ``a^T theta + theta^T M theta`` + const."""
   if task == "linear":
     return -2.0 * (y @ x), x.T @ x
   return (0.5 - y) @ x, (x.T @ x) / 8.0

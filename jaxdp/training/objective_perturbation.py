@@ -252,9 +252,11 @@ def loss_perturbation(
   Minimises ``(1/N) sum l + (lambda/2)||theta||^2 + (1/N) tr(B^T theta) + (rho/(2N))||theta||^2``
   with ``B`` and ``rho`` from :func:`loss_perturbation_calibration`. A batch of
   keys trains one model per key in a single compiled call (``batch_mode``:
-  ``"vmap"``, ``"map"`` or ``"auto"``, see :func:`jaxdp.training.linear.resolve_batch_mode`). ``epsilon = inf``
-  returns exactly the non-private model. ``l2_reg >= 0`` (the guarantee does not
-  depend on it).
+  ``"vmap"``, ``"map"`` or ``"auto"``, see
+  :func:`jaxdp.training.linear.resolve_batch_mode`). ``epsilon = inf`` returns
+  exactly the non-private model. ``l2_reg >= 0`` (the guarantee does not depend
+  on it). The guarantee is for add/remove neighbours unless
+  ``neighbouring="replace_one"`` (module docstring).
 
   Raises:
     ValueError: bad privacy parameters, rows outside the unit ball (see

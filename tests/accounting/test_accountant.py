@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from jaxdp.accounting import (
@@ -186,3 +187,122 @@ def test_infinite_epsilon_event_is_infinite_for_every_method():
   zero = PrivacyAccountant()
   zero.spend(events.LaplaceDpEvent(noise_multiplier=0.0))
   assert math.isinf(zero.get_epsilon(1e-5))
+
+
+def test_budget_spend_is_atomic_across_threads(monkeypatch):
+  """Two threads each spending 0.6 of a budget of 1: exactly one may succeed."""
+  import threading
+  import time
+  budget = PrivacyBudget(epsilon=1.0)
+  original = PrivacyBudget._within_limit
+
+  def slow_check(self, acc):
+    time.sleep(0.05)  # widen the check-then-commit window
+    return original(self, acc)
+
+  monkeypatch.setattr(PrivacyBudget, "_within_limit", slow_check)
+  outcomes = []
+
+  def worker():
+    try:
+      budget.spend(events.PureDpEvent(0.6))
+      outcomes.append("spent")
+    except BudgetExceededError:
+      outcomes.append("refused")
+
+  threads = [threading.Thread(target=worker) for _ in range(2)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert sorted(outcomes) == ["refused", "spent"]
+  assert budget.spent_epsilon() == pytest.approx(0.6)
+
+
+def test_budget_save_is_durable(tmp_path, monkeypatch):
+  import os
+  synced = []
+  real_fsync = os.fsync
+  monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+  budget = PrivacyBudget(epsilon=1.0)
+  budget.spend(events.PureDpEvent(0.3))
+  budget.save(tmp_path / "b.json")
+  assert synced  # flushed to disk before os.replace
+  assert PrivacyBudget.load(tmp_path / "b.json").spent_epsilon() == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize("eps,k", [(0.05, 400), (1.0, 3), (3.0, 2)])
+def test_rdp_of_pure_and_exponential_events_pins_the_curve(eps, k):
+  """RDP of eps-DP is min(eps, alpha eps^2/2); of the exponential mechanism min(2 b, alpha b^2/2)."""
+  from dp_accounting.rdp import rdp_privacy_accountant as rdp_lib
+  orders = np.asarray(rdp_lib.DEFAULT_RDP_ORDERS, dtype=np.float64)
+  delta = 1e-6
+  acc = PrivacyAccountant()
+  acc.spend(events.PureDpEvent(eps), count=k)
+  expected = rdp_lib.compute_epsilon(orders, k * np.minimum(eps, orders * eps**2 / 2), delta)[0]
+  assert acc.get_epsilon(delta, "rdp") == pytest.approx(expected, rel=1e-12)
+  beta = eps / 2  # the exponential mechanism with 2 beta = eps: same pure eps, same zCDP rho
+  em = PrivacyAccountant()
+  em.spend(events.ExponentialMechanismDpEvent(beta=beta), count=k)
+  expected_em = rdp_lib.compute_epsilon(
+      orders, k * np.minimum(2 * beta, orders * beta**2 / 2), delta)[0]
+  assert em.get_epsilon(delta, "rdp") == pytest.approx(expected_em, rel=1e-12)
+  # bounded range makes the exponential mechanism no costlier than generic eps-DP, and much
+  # cheaper when many small answers compose (rho = eps^2/8 instead of eps^2/2)
+  assert em.get_epsilon(delta, "rdp") <= acc.get_epsilon(delta, "rdp")
+  if k >= 100:
+    assert em.get_epsilon(delta, "rdp") < 0.7 * acc.get_epsilon(delta, "rdp")
+
+
+def _exact_pure_composition_epsilon(eps, k, delta):
+  """Optimal k-fold composition of eps-DP (Kairouz, Oh & Viswanath 2015, Thm 3.3).
+
+  The dominating pair is randomized response: under P the loss is (k - 2j) eps with
+  j ~ Binomial(k, 1/(1 + e^eps)); delta(e') = E_P[(1 - e^{e' - L})_+]. Bisection on e'.
+  """
+  from scipy import optimize, stats
+  j = np.arange(k + 1)
+  pmf = stats.binom.pmf(j, k, 1.0 / (1.0 + math.exp(eps)))
+  loss = (k - 2 * j) * eps
+
+  def excess(e):
+    return float(np.sum(pmf * np.maximum(0.0, 1.0 - np.exp(e - loss)))) - delta
+  return optimize.brentq(excess, 0.0, k * eps, xtol=1e-12)
+
+
+@pytest.mark.parametrize("eps,k", [(0.1, 50), (0.5, 10)])
+def test_pld_of_pure_events_is_the_optimal_composition(eps, k):
+  delta = 1e-5
+  acc = PrivacyAccountant()
+  acc.spend(events.PureDpEvent(eps), count=k)
+  exact = _exact_pure_composition_epsilon(eps, k, delta)
+  got = acc.get_epsilon(delta, "pld")
+  assert exact * (1 - 1e-6) <= got <= exact + 5e-3  # pessimistic discretisation only
+  # an ApproxDpEvent(eps, 0) is the same mechanism
+  approx = PrivacyAccountant()
+  approx.spend(events.ApproxDpEvent(eps, 0.0), count=k)
+  assert approx.get_epsilon(delta, "pld") == pytest.approx(got, rel=1e-9)
+
+
+def test_poisson_amplification_of_approx_event():
+  acc = PrivacyAccountant()
+  acc.spend(events.PoissonSampledDpEvent(0.2, events.ApproxDpEvent(1.0, 1e-6)), count=3)
+  eps, delta = acc.basic_epsilon_delta()
+  assert eps == pytest.approx(3 * math.log1p(0.2 * math.expm1(1.0)), rel=1e-12)
+  assert delta == pytest.approx(3 * 0.2 * 1e-6, rel=1e-12)
+
+
+def test_events_with_numpy_scalars_are_recorded_and_saved(tmp_path):
+  budget = PrivacyBudget(epsilon=5.0, delta=1e-5)
+  budget.spend(events.SelfComposedDpEvent(events.GaussianDpEvent(np.float32(4.0)), np.int64(3)))
+  budget.spend(events.PureDpEvent(np.float64(0.1)))
+  # the ledger holds Python floats: no float32 arithmetic reaches dp_accounting
+  recorded = budget.accountant.ledger[0][0]
+  assert type(recorded.event.noise_multiplier) is float and type(recorded.count) is int
+  reference = PrivacyAccountant()
+  reference.spend(events.SelfComposedDpEvent(events.GaussianDpEvent(4.0), 3))
+  reference.spend(events.PureDpEvent(0.1))
+  assert budget.spent_epsilon() == reference.get_epsilon(1e-5)
+  budget.save(tmp_path / "b.json")
+  restored = PrivacyBudget.load(tmp_path / "b.json")
+  assert restored.spent_epsilon() == pytest.approx(budget.spent_epsilon(), rel=1e-12)

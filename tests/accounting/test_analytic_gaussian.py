@@ -93,3 +93,13 @@ def test_monotone_in_epsilon_and_delta():
 def test_bad_input(kwargs, match):
   with pytest.raises(ValueError, match=match):
     ag.analytic_gaussian_sigma(**kwargs)
+
+
+@pytest.mark.parametrize("epsilon,delta", [(1e-4, 9.321697517861378e-101), (1e-4, 2.4113977238404587e-285),
+                                           (3.0527737246612284e-4, 1.66038885600102e-231)])
+def test_tiny_epsilon_and_delta_never_overstate_the_guarantee(epsilon, delta):
+  """Large v*: sqrt(1 + v/2) - sqrt(v/2) cancelled digits and the old 200-step nudge gave up,
+  returning a sigma whose exact delta exceeded the target (by 4e-5 relative here)."""
+  sigma = ag.analytic_gaussian_sigma(epsilon, delta)
+  assert ag.analytic_gaussian_delta(sigma, epsilon) <= delta
+  assert ag.analytic_gaussian_delta(sigma, epsilon) == pytest.approx(delta, rel=1e-6)

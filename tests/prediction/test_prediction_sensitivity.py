@@ -113,3 +113,12 @@ def test_noisy_logits_rejects_bad_noise_and_shape():
     ps.noisy_logits(jax.random.key(0), jnp.zeros((2, 3)), "cauchy", 1.0)
   with pytest.raises(ValueError, match="logits"):
     ps.noisy_logits(jax.random.key(0), jnp.zeros((3,)), "gaussian", 1.0)
+
+
+@pytest.mark.parametrize("noise,scale", [("gaussian", 0.0), ("l2_laplace", math.inf),
+                                         ("gaussian", -1.0), ("l2_laplace", math.nan)])
+def test_noisy_logits_refuses_scales_that_mean_no_noise(noise, scale):
+  # The raw samplers accept sigma = 0 / beta = inf (non-private baselines); a private
+  # prediction must not silently release the exact logits.
+  with pytest.raises(ValueError, match="scale"):
+    ps.noisy_logits(jax.random.key(0), jnp.zeros((2, 3)), noise, scale)

@@ -165,3 +165,13 @@ def test_input_validation():
     linear.fit_linear(x, y, num_classes=1, l2_reg=1e-2)
   with pytest.raises(ValueError, match="shape"):
     linear.fit_linear(x, y[:-1], num_classes=3, l2_reg=1e-2)
+
+
+def test_fit_linear_under_user_vmap_over_lambda():
+  x, y = _data(n=120)
+  lams = jnp.asarray([1e-3, 1e-1])
+  w = jax.vmap(lambda lam: linear.fit_linear(x, y, num_classes=3, l2_reg=lam).weights)(lams)
+  for i in range(2):
+    ref = linear.fit_linear(x, y, num_classes=3, l2_reg=float(lams[i])).weights
+    np.testing.assert_allclose(w[i], ref, rtol=1e-4, atol=1e-5)
+  assert float(jnp.linalg.norm(w[1])) < float(jnp.linalg.norm(w[0]))

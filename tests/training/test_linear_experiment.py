@@ -30,6 +30,7 @@ def test_accuracy_vs_epsilon_writes_results(tmp_path):
   out = tmp_path / config.name
   assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json", "accuracy_vs_epsilon.png"}
   meta = json.loads((out / "results.json").read_text())
+  assert meta["rows"][0]["epsilon"] == "inf"
   assert len(meta["rows"]) == len(rows) == 1 + 2 * 2
   by = {(r["method"], r["epsilon"]): r["test_accuracy_mean"] for r in rows}
   assert by[("non_private", float("inf"))] > 0.85
