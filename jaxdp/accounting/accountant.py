@@ -113,17 +113,14 @@ class _PldAccountant(pld_privacy_accountant.PLDAccountant):
     return super()._maybe_compose(event, count, do_compose)
 
 
-def _check_real(value, name: str, low: float, high: float = math.inf,
-                high_inclusive: bool = True) -> None:
-  """Raises ValueError unless ``value`` is a real number in [low, high] (or [low, high))."""
+def _check_real(value, name: str, low: float, high: float = math.inf) -> None:
+  """Raises ValueError unless ``value`` is a real number in [low, high]."""
   try:
     v = float(value)
   except (TypeError, ValueError) as err:
     raise ValueError(f"{name} must be a real number, got {value!r}.") from err
-  upper_ok = v <= high if high_inclusive else v < high
-  if math.isnan(v) or v < low or not upper_ok:
-    bracket = "]" if high_inclusive else ")"
-    raise ValueError(f"{name} must be in [{low}, {high}{bracket}, got {value!r}.")
+  if math.isnan(v) or not low <= v <= high:
+    raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}.")
 
 
 def _check_event(event: ev.DpEvent) -> None:
@@ -168,6 +165,8 @@ def _walk(event: ev.DpEvent, leaf: Callable[[ev.DpEvent], tuple[float, float]],
   if isinstance(event, ev.NonPrivateDpEvent):
     return math.inf, 0.0
   if isinstance(event, ev.SelfComposedDpEvent):
+    if event.count == 0:  # nothing ran (and 0 * inf would be NaN)
+      return 0.0, 0.0
     a, b = _walk(event.event, leaf, sampled)
     return event.count * a, event.count * b
   if isinstance(event, ev.ComposedDpEvent):

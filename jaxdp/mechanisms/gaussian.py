@@ -55,7 +55,8 @@ def gaussian_noise(
   """Draws i.i.d. ``N(0, stddev^2)`` noise.
 
   Raw sampler: ``stddev`` may be a traced array (vmap over it) broadcastable to
-  ``shape``; concrete values are checked to be finite and >= 0.
+  ``shape``; concrete values are checked to be finite and >= 0 and are cast to
+  ``dtype`` rounding *up* (never less noise than the float64 value).
 
   Args:
     key: a ``jax.random`` key, used once.

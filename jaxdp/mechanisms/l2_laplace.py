@@ -87,7 +87,8 @@ def l2_laplace_noise(
   1/beta)`` with ``d = prod(shape)``, direction uniform on the sphere.
 
   Raw sampler: ``beta`` (a scalar) may be traced (vmap over it); concrete values
-  are checked to be in (0, inf] (``beta = inf`` gives zeros).
+  are checked to be in (0, inf] (``beta = inf`` gives zeros) and are cast to
+  ``dtype`` rounding *down* (never less noise than the float64 value).
 
   Args:
     key: a ``jax.random`` key, used once (split into radius and direction keys).

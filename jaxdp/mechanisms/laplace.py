@@ -34,7 +34,8 @@ def laplace_noise(
 
   Raw sampler: ``scale`` may be a traced array (vmap over it) broadcastable to
   ``shape`` (e.g. one scale per coordinate); concrete scales are checked to be
-  finite and >= 0 (``scale = 0`` gives zeros, e.g. for non-private baselines).
+  finite and >= 0 (``scale = 0`` gives zeros, e.g. for non-private baselines)
+  and are cast to ``dtype`` rounding *up* (:func:`_common.noise_scale_as`).
   Mean 0, variance ``2 scale^2``, ``P(|X| > t) = exp(-t/scale)``. Drawn as
   ``sign * Exp(1)`` with a 46-bit uniform, so float32 samples reach
   ``31.9 scale`` (``jax.random.laplace`` stops near ``16.6 scale``, which leaks
