@@ -10,6 +10,13 @@ stored after ``spend`` succeeded, so a refused spend releases nothing.
 
 Every ``fit`` draws fresh noise from a new key (``seed`` plus a fit counter),
 never reusing a key.
+
+Neighbouring relation. Every method here is run under REPLACE-ONE neighbours
+(model sensitivity, paper 000 Lemma 1; paper 003 Alg. 1 and 4), including loss
+perturbation (``neighbouring="replace_one"``, noise doubled): so the events
+spent in one accountant compose under one relation, and ``l2_reg > 0`` is
+valid for loss perturbation (under add/remove the mean-normalised L2 term is
+data-dependent; see :mod:`jaxdp.training.objective_perturbation`).
 """
 
 from __future__ import annotations
@@ -76,7 +83,8 @@ class PrivateLinearClassifier:
       return events.NonPrivateDpEvent()
     if self.method == "loss_perturbation":
       return objective_perturbation.loss_perturbation_calibration(
-          epsilon=self.epsilon, delta=self.delta, num_examples=n, num_classes=num_classes).event
+          epsilon=self.epsilon, delta=self.delta, num_examples=n, num_classes=num_classes,
+          neighbouring="replace_one", l2_reg=self.l2_reg).event
     if self.method == "objective_perturbation":
       return objective_perturbation.objective_perturbation_calibration(
           epsilon=self.epsilon, num_examples=n, l2_reg=self.l2_reg, loss=self.loss, h=self.h).event
@@ -112,7 +120,7 @@ class PrivateLinearClassifier:
     elif self.method == "loss_perturbation":
       res = objective_perturbation.loss_perturbation(
           key, x_np, y_idx, num_classes=classes.size, epsilon=self.epsilon, delta=self.delta,
-          l2_reg=self.l2_reg, **common)
+          l2_reg=self.l2_reg, neighbouring="replace_one", **common)
       weights, ev = res.weights, res.event
     elif self.method == "model_sensitivity":
       res = output_perturbation.model_sensitivity(

@@ -31,6 +31,19 @@ while the determinant bound is unchanged (``det(A0+E1)/det(A0+E2) <=
 det(A0+E1)/det(A0)``), so ``neighbouring="replace_one"`` halves beta (doubles
 sigma). The default follows the paper (``"add_remove"``).
 
+Regulariser under add/remove. The proof needs every term of the summed
+objective other than the loss of the added example to be the same for D and
+D'. Paper 000's ``lambda_0 R(theta)`` sits inside the sum (Eq. 3: ``lambda/N``
+in the mean), so it is data-independent. Our solver's ``(lambda/2)||theta||^2``
+is in the *mean*, i.e. ``N lambda/2 ||theta||^2`` in the sum: adding one
+example adds ``lambda theta`` to Eq. 30, ``||b' - b|| <= K + lambda ||theta||``,
+which is unbounded, so the (eps, 0) (and (eps, delta)) proof fails. Hence
+``neighbouring="add_remove"`` requires ``l2_reg = 0``; extra regularisation
+is obtained from a larger ``rho`` (``rho/(2N)||theta||^2`` in the mean is
+``rho/2 ||theta||^2`` in the sum, data-independent; any ``rho >= 2LC/eps`` is
+allowed, so ``rho = 2LC/eps + lambda_0`` is the paper's ``lambda_0 R``).
+Under ``"replace_one"`` N is fixed and ``l2_reg > 0`` is fine.
+
 Binary objective perturbation (paper 003 = ``../shared/papers/003_dp_confidence_intervals_for_erm.md``,
 Sec. 4.1, Algorithm 1, Theorem 1, proof App. A.1; replace-one neighbours):
 objective ``(1/n) sum [f + c ||theta||^2] + (1/n) beta^T theta`` with
@@ -110,6 +123,7 @@ def loss_perturbation_calibration(
     lipschitz: float = linear_losses.SOFTMAX_LIPSCHITZ,
     hessian_bound: float = linear_losses.SOFTMAX_HESSIAN_BOUND,
     neighbouring: str = "add_remove",
+    l2_reg: float = 0.0,
 ) -> ObjectivePerturbationCalibration:
   """Calibration of multiclass loss perturbation (paper 000 Alg. 4 / 5).
 
@@ -117,9 +131,20 @@ def loss_perturbation_calibration(
   (delta > 0), both for add/remove neighbours (``replace_one``: beta/2, 2 sigma);
   ``rho`` defaults to ``2 L C / eps`` and must not be smaller;
   ``extra_l2 = rho / N``. ``epsilon = inf``: no noise, no extra term.
+  ``l2_reg`` (the solver's mean-normalised ``lambda``) must be 0 under
+  ``"add_remove"`` (module docstring: it is not data-independent there).
   """
   if neighbouring not in NEIGHBOURING:
     raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}.")
+  lam = _validation.check_nonnegative(l2_reg, "l2_reg")
+  if neighbouring == "add_remove" and lam > 0.0 and not math.isinf(
+      _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)):
+    raise ValueError(
+        f"l2_reg must be 0 with neighbouring='add_remove', got {lam}: the mean-normalised "
+        "(l2_reg/2)||theta||^2 is N*l2_reg/2 ||theta||^2 in the summed objective, which changes "
+        "when one example is added, and the proof of paper 000 Thm 3 no longer bounds ||b' - b||. "
+        "Regularise through a larger rho (data-independent rho/(2N)||theta||^2, any rho >= 2LC/eps) "
+        "or use neighbouring='replace_one'.")
   n = _validation.check_positive_int(num_examples, "num_examples")
   c = _validation.check_positive_int(num_classes, "num_classes")
   k = _validation.check_positive(lipschitz, "lipschitz")
@@ -254,9 +279,9 @@ def loss_perturbation(
   keys trains one model per key in a single compiled call (``batch_mode``:
   ``"vmap"``, ``"map"`` or ``"auto"``, see
   :func:`jaxdp.training.linear.resolve_batch_mode`). ``epsilon = inf`` returns
-  exactly the non-private model. ``l2_reg >= 0`` (the guarantee does not depend
-  on it). The guarantee is for add/remove neighbours unless
-  ``neighbouring="replace_one"`` (module docstring).
+  exactly the non-private model. The guarantee is for add/remove neighbours
+  unless ``neighbouring="replace_one"``; ``l2_reg > 0`` is only allowed with
+  ``"replace_one"`` (under add/remove regularise with ``rho``; module docstring).
 
   Raises:
     ValueError: bad privacy parameters, rows outside the unit ball (see
@@ -264,7 +289,8 @@ def loss_perturbation(
     RuntimeError: a fit did not reach ``tol`` (nothing is released).
   """
   cal = loss_perturbation_calibration(epsilon=epsilon, delta=delta, num_examples=int(np.shape(x)[0]),
-                                      num_classes=num_classes, rho=rho, neighbouring=neighbouring)
+                                      num_classes=num_classes, rho=rho, neighbouring=neighbouring,
+                                      l2_reg=l2_reg)
   return _run(key, x, y, cal, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
               max_iter=max_iter, tol=tol, normalize=normalize, method="loss_perturbation",
               batch_mode=batch_mode)

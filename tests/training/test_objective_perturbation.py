@@ -87,6 +87,50 @@ def test_loss_perturbation_calibration_formulas():
   assert inf.noise == "none" and inf.extra_l2 == 0.0
 
 
+def _implied_noise(w, x, y, calibration, l2_reg):
+  """b(theta) = -N grad[(1/N) sum l + ((l2_reg + extra_l2)/2)||theta||^2] (paper 000 Eq. 21)."""
+  n = x.shape[0]
+  lam = l2_reg + calibration.extra_l2
+  g = jax.grad(lambda v: linear.data_loss(v, x, y, loss="softmax") + 0.5 * lam * jnp.sum(v * v))(w)
+  return -n * np.asarray(g, np.float64)
+
+
+def test_loss_perturbation_implied_noise_shift_is_bounded():
+  """Eq. 30-31 of paper 000 Thm 3: for EVERY theta, ||b_D'(theta) - b_D(theta)|| <= K (add/remove)
+  or 2K (replace-one), with the exact objective the library minimises (incl. l2_reg and rho/N).
+
+  Under add/remove, a mean-normalised l2_reg > 0 adds l2_reg * theta to the shift (unbounded), so
+  the library must refuse it; under replace-one it cancels.
+  """
+  k = math.sqrt(2)
+  x, y = _data(n=6, d=2)
+  x_add, y_add = np.concatenate([x, [[1.0, 0.0]]]).astype(np.float32), np.append(y, 1).astype(np.int32)
+  y_rep = y.copy()
+  y_rep[0] = 1 - y_rep[0]
+  thetas = [np.zeros((2, 2), np.float32), 50.0 * np.ones((2, 2), np.float32),
+            np.asarray([[300.0, -200.0], [-100.0, 40.0]], np.float32)]
+  cal_a = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2)
+  cal_a2 = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=7, num_classes=2)
+  lam = 0.3
+  cal_r = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2,
+                                            neighbouring="replace_one", l2_reg=lam)
+  for w in thetas:
+    w = jnp.asarray(w)
+    shift_a = _implied_noise(w, x_add, y_add, cal_a2, 0.0) - _implied_noise(w, x, y, cal_a, 0.0)
+    assert np.linalg.norm(shift_a) <= k * (1 + 1e-5)
+    shift_r = _implied_noise(w, x, y_rep, cal_r, lam) - _implied_noise(w, x, y, cal_r, lam)
+    assert np.linalg.norm(shift_r) <= 2 * k * (1 + 1e-5)
+  # What add/remove with l2_reg > 0 would do: the shift grows with theta (here far above K) ...
+  w = jnp.asarray(thetas[2])
+  shift_bad = _implied_noise(w, x_add, y_add, cal_a2, lam) - _implied_noise(w, x, y, cal_a, lam)
+  assert np.linalg.norm(shift_bad) > 10 * k
+  # ... so the library refuses it (calibration and the training function).
+  with pytest.raises(ValueError, match="l2_reg must be 0 with neighbouring='add_remove'"):
+    obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2, l2_reg=lam)
+  with pytest.raises(ValueError, match="l2_reg must be 0"):
+    obp.loss_perturbation(jax.random.key(0), x, y, num_classes=2, epsilon=1.0, l2_reg=lam)
+
+
 def test_binary_objective_perturbation_calibration():
   """Paper 003 Alg. 1: eps' = eps - log(1 + t/(2nc)), gamma = eps'/2, c = lambda/2."""
   n, lam, eps = 500, 0.01, 1.0
@@ -121,7 +165,8 @@ def test_loss_perturbation_noise_norm_gamma_law_and_convergence():
   """||B|| recovered from grad J_priv = 0 follows Gamma(D C, 1/beta); all fits converged."""
   x, y = _data()
   keys = jax.random.split(jax.random.key(0), 600)
-  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01, tol=1e-6)
+  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01, tol=1e-6,
+                              neighbouring="replace_one")
   assert bool(np.all(res.info.converged)) and float(np.max(res.info.grad_norm)) <= 1e-6
   b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(600, -1)
   norms = np.linalg.norm(b, axis=1)
@@ -133,7 +178,8 @@ def test_loss_perturbation_noise_norm_gamma_law_and_convergence():
 def test_gaussian_loss_perturbation_noise_is_gaussian():
   x, y = _data()
   keys = jax.random.split(jax.random.key(1), 300)
-  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=1.0, delta=1e-5, l2_reg=0.01)
+  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=1.0, delta=1e-5, l2_reg=0.01,
+                              neighbouring="replace_one")
   b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(-1) / res.calibration.scale
   assert stats.kstest(b, "norm").pvalue > 1e-3
   assert np.std(b) == pytest.approx(1.0, rel=0.05)
@@ -166,12 +212,16 @@ def test_vmapped_equals_loop_and_key_determinism():
   x, y = _data(c=3)
   keys = jax.random.split(jax.random.key(4), 3)
   for mode in ("vmap", "map"):
-    batch = obp.loss_perturbation(keys, x, y, num_classes=3, epsilon=1.0, l2_reg=0.01, batch_mode=mode)
+    batch = obp.loss_perturbation(keys, x, y, num_classes=3, epsilon=1.0, l2_reg=0.01, batch_mode=mode,
+                                  neighbouring="replace_one")
     for i in range(3):
-      one = obp.loss_perturbation(keys[i], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01)
+      one = obp.loss_perturbation(keys[i], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01,
+                               neighbouring="replace_one")
       np.testing.assert_allclose(batch.weights[i], one.weights, rtol=1e-4, atol=1e-4)
-  a = obp.loss_perturbation(keys[0], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01)
-  b = obp.loss_perturbation(keys[0], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01)
+  a = obp.loss_perturbation(keys[0], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01,
+                               neighbouring="replace_one")
+  b = obp.loss_perturbation(keys[0], x, y, num_classes=3, epsilon=1.0, l2_reg=0.01,
+                               neighbouring="replace_one")
   np.testing.assert_array_equal(a.weights, b.weights)
 
 
