@@ -82,7 +82,11 @@ def check_nonnegative(value: Any, name: str) -> float:
 
 def check_positive_int(value: Any, name: str) -> int:
   """Checks an integer is >= 1."""
-  if isinstance(value, bool) or int(value) != value or int(value) < 1:
+  try:
+    ok = not isinstance(value, bool) and int(value) == value and int(value) >= 1
+  except (TypeError, ValueError, OverflowError):
+    ok = False
+  if not ok:
     raise ValueError(f"{name} must be an integer >= 1, got {value!r}.")
   return int(value)
 
@@ -98,12 +102,19 @@ def check_finite_array(x: Any, name: str) -> np.ndarray:
 def check_unit_ball(x: Any, name: str = "x", tol: float = 1e-6) -> np.ndarray:
   """Checks every row of ``x`` has L2 norm <= 1 (as the sensitivity theorems need).
 
-  Use :func:`jaxdp.data.preprocessing.normalize_rows` (or pass
+  Rows with norm in ``(1, 1 + tol]`` (float rounding of an explicit
+  normalisation) are pulled back strictly inside the ball, so the returned
+  array satisfies ``||x_i||_2 <= 1`` exactly and callers must use it; rows
+  beyond ``1 + tol`` raise. Use :func:`jaxdp.data.normalize_rows` (or pass
   ``normalize=True`` where an estimator offers it) to project rows into the
   unit ball explicitly.
+
+  Returns:
+    ``x`` (same dtype) with every row in the closed unit ball.
   """
   arr = check_finite_array(x, name)
-  norms = np.linalg.norm(arr.reshape(arr.shape[0], -1), axis=1)
+  flat = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, -1)
+  norms = np.linalg.norm(flat.astype(np.float64), axis=1)
   worst = float(norms.max()) if norms.size else 0.0
   if worst > 1.0 + tol:
     raise ValueError(
@@ -112,4 +123,10 @@ def check_unit_ball(x: Any, name: str = "x", tol: float = 1e-6) -> np.ndarray:
         "jaxdp.data.normalize_rows(x) first, or pass normalize=True to project "
         "rows explicitly."
     )
+  if worst > 1.0:
+    # Shrink by an extra 2^-22 so that rounding back to float32 (relative error
+    # <= 2^-24 per coordinate) cannot push a row outside the ball again.
+    factor = np.where(norms > 1.0, (1.0 - 2.0**-22) / np.maximum(norms, 1.0), 1.0)
+    flat = (flat.astype(np.float64) * factor[:, None]).astype(arr.dtype)
+    arr = flat.reshape(arr.shape)
   return arr

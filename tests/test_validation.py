@@ -45,3 +45,20 @@ def test_sensitivity_and_arrays():
   v.check_unit_ball(np.array([[0.6, 0.8], [0.0, 0.0]]))
   with pytest.raises(ValueError, match="integer"):
     v.check_positive_int(1.5, "k")
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, None, "3", 0, -2, 2.5, True])
+def test_positive_int_rejects_with_a_named_value_error(value):
+  with pytest.raises(ValueError, match="k must be an integer >= 1"):
+    v.check_positive_int(value, "k")
+  assert v.check_positive_int(np.int64(3), "k") == 3
+
+
+def test_unit_ball_pulls_rounding_overshoot_strictly_inside():
+  x = np.array([[0.6, 0.8000003], [0.3, 0.4]], dtype=np.float32)  # norm 1 + 2.4e-7
+  assert np.linalg.norm(x[0].astype(np.float64)) > 1.0
+  out = v.check_unit_ball(x)
+  assert out.dtype == np.float32
+  assert np.all(np.linalg.norm(out.astype(np.float64), axis=1) <= 1.0)
+  np.testing.assert_array_equal(out[1], x[1])  # rows inside the ball are untouched
+  np.testing.assert_allclose(out[0], x[0], rtol=1e-6)

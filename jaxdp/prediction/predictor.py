@@ -331,7 +331,7 @@ class PredictionSensitivityPredictor(PrivatePredictor):
     if arr.shape[1] != self.weights.shape[0]:
       raise ValueError(f"x must have {self.weights.shape[0]} features, got {arr.shape[1]}.")
     if arr.shape[0]:
-      _validation.check_unit_ball(arr, "x")
+      arr = _validation.check_unit_ball(arr, "x")
     return arr
 
   def _static_config(self) -> tuple:

@@ -273,7 +273,7 @@ def fit_linear_batched(
   if xs_np.ndim != 3:
     raise ValueError(f"xs must have shape (M, N, D), got {xs_np.shape}.")
   m, n, _ = xs_np.shape
-  _validation.check_unit_ball(xs_np.reshape(m * n, -1), "xs")
+  xs_np = _validation.check_unit_ball(xs_np.reshape(m * n, -1), "xs").reshape(xs_np.shape)
   ys_np = check_labels(np.asarray(ys).reshape(-1), loss, num_classes, m * n, "ys").reshape(m, n)
   l2 = np.asarray(l2_reg, np.float32)
   ex = np.asarray(extra_l2, np.float32)
