@@ -1,6 +1,6 @@
 """Thin scikit-learn-like estimators over the private linear-model functions.
 
-``PrivateLogisticRegression(epsilon=1.0, method="loss_perturbation").fit(x, y)``
+``PrivateLogisticRegression(epsilon=1.0, classes=range(10)).fit(x, y)``
 trains with one of the pure functions of :mod:`jaxdp.training.output_perturbation`
 / :mod:`jaxdp.training.objective_perturbation`, then records the method's
 DpEvent in the given accountant (a :class:`jaxdp.accounting.PrivacyAccountant`
@@ -21,6 +21,7 @@ data-dependent; see :mod:`jaxdp.training.objective_perturbation`).
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -56,12 +57,18 @@ class PrivateLinearClassifier:
     seed: integer seed of the noise keys.
     normalize: project rows outside the unit ball onto it (otherwise they raise).
     max_iter, tol: solver settings.
+    classes: the PUBLIC label set (e.g. ``range(10)``), fixed before seeing the
+      data. The number of classes sets the weight shape and loss
+      perturbation's ``rho``, and ``classes_`` is released with the model, so a
+      label set read off the training data is not protected: replacing one
+      example can remove a class (changing the output's shape) or reveal a
+      rare label. ``None`` infers it with ``np.unique(y)`` and warns.
   """
 
   def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
                l2_reg: float = 1e-3, loss: str = "logistic", h: float = 0.5,
                accountant: Any = None, seed: int = 0, normalize: bool = False,
-               max_iter: int = 500, tol: float = 1e-6):
+               max_iter: int = 500, tol: float = 1e-6, classes: Any = None):
     if method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
@@ -75,6 +82,11 @@ class PrivateLinearClassifier:
     self.normalize = normalize
     self.max_iter = max_iter
     self.tol = tol
+    if classes is not None:
+      classes = np.asarray(classes)
+      if classes.ndim != 1 or classes.size < 2 or np.unique(classes).size != classes.size:
+        raise ValueError("classes must be a 1-D sequence of at least two distinct labels.")
+    self.classes = classes
     self._num_fits = 0
 
   def _predicted_event(self, n: int, num_classes: int):
@@ -97,7 +109,18 @@ class PrivateLinearClassifier:
     y_np = np.asarray(y)
     if y_np.ndim != 1 or y_np.shape[0] != x_np.shape[0]:
       raise ValueError(f"y must have shape ({x_np.shape[0]},), got {y_np.shape}.")
-    classes, y_idx = np.unique(y_np, return_inverse=True)
+    if self.classes is None:
+      warnings.warn(
+          "classes was not given: the label set is inferred from the training labels and is "
+          "NOT differentially private (it fixes the output shape and is released as classes_). "
+          "Pass classes=<public label set>.", UserWarning, stacklevel=2)
+      classes, y_idx = np.unique(y_np, return_inverse=True)
+    else:
+      classes = np.sort(self.classes)
+      y_idx = np.searchsorted(classes, y_np)
+      y_idx = np.clip(y_idx, 0, classes.size - 1)
+      if np.any(classes[y_idx] != y_np):
+        raise ValueError(f"y contains labels outside classes={classes.tolist()}.")
     if classes.size < 2:
       raise ValueError("y must contain at least two classes.")
     binary_method = self.method in ("objective_perturbation", "output_perturbation")
@@ -182,7 +205,8 @@ class PrivateLogisticRegression(PrivateLinearClassifier):
 
   def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
                l2_reg: float = 1e-3, accountant: Any = None, seed: int = 0,
-               normalize: bool = False, max_iter: int = 500, tol: float = 1e-6):
+               normalize: bool = False, max_iter: int = 500, tol: float = 1e-6,
+               classes: Any = None):
     super().__init__(epsilon=epsilon, delta=delta, method=method, l2_reg=l2_reg, loss="logistic",
                      accountant=accountant, seed=seed, normalize=normalize, max_iter=max_iter,
-                     tol=tol)
+                     tol=tol, classes=classes)

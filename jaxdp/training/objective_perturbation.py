@@ -29,7 +29,10 @@ Neighbouring relation. The proof of Thm 3 takes ``D' = D ∪ {(x', y')}``
 neighbours (the relation of Lemma 1 / model sensitivity) ``||b' - b|| <= 2K``
 while the determinant bound is unchanged (``det(A0+E1)/det(A0+E2) <=
 det(A0+E1)/det(A0)``), so ``neighbouring="replace_one"`` halves beta (doubles
-sigma). The default follows the paper (``"add_remove"``).
+sigma). The paper's constants are ``neighbouring="add_remove"``; the default
+is ``"replace_one"``, the relation of every other linear method here (model
+sensitivity, paper 003 Alg. 1 and 4), so events spent in one accountant refer
+to one relation, and ``l2_reg > 0`` is valid (next paragraph).
 
 Regulariser under add/remove. The proof needs every term of the summed
 objective other than the loss of the added example to be the same for D and
@@ -122,13 +125,14 @@ def loss_perturbation_calibration(
     rho: float | None = None,
     lipschitz: float = linear_losses.SOFTMAX_LIPSCHITZ,
     hessian_bound: float = linear_losses.SOFTMAX_HESSIAN_BOUND,
-    neighbouring: str = "add_remove",
+    neighbouring: str = "replace_one",
     l2_reg: float = 0.0,
 ) -> ObjectivePerturbationCalibration:
   """Calibration of multiclass loss perturbation (paper 000 Alg. 4 / 5).
 
   ``beta = eps/(2K)`` (delta = 0) or ``sigma = (K/eps) sqrt(8 log(2/delta) + 4 eps)``
-  (delta > 0), both for add/remove neighbours (``replace_one``: beta/2, 2 sigma);
+  (delta > 0), both for ``neighbouring="add_remove"`` (default ``"replace_one"``:
+  beta/2, 2 sigma);
   ``rho`` defaults to ``2 L C / eps`` and must not be smaller;
   ``extra_l2 = rho / N``. ``epsilon = inf``: no noise, no extra term.
   ``l2_reg`` (the solver's mean-normalised ``lambda``) must be 0 under
@@ -266,7 +270,7 @@ def loss_perturbation(
     delta: float = 0.0,
     l2_reg: float = 0.0,
     rho: float | None = None,
-    neighbouring: str = "add_remove",
+    neighbouring: str = "replace_one",
     max_iter: int = 500,
     tol: float = 1e-6,
     normalize: bool = False,
@@ -279,9 +283,10 @@ def loss_perturbation(
   keys trains one model per key in a single compiled call (``batch_mode``:
   ``"vmap"``, ``"map"`` or ``"auto"``, see
   :func:`jaxdp.training.linear.resolve_batch_mode`). ``epsilon = inf`` returns
-  exactly the non-private model. The guarantee is for add/remove neighbours
-  unless ``neighbouring="replace_one"``; ``l2_reg > 0`` is only allowed with
-  ``"replace_one"`` (under add/remove regularise with ``rho``; module docstring).
+  exactly the non-private model. The guarantee is for replace-one neighbours
+  (default) or, with ``neighbouring="add_remove"`` (the paper's beta = eps/(2K),
+  half the noise), for add/remove neighbours; ``l2_reg > 0`` is only allowed
+  with ``"replace_one"`` (under add/remove regularise with ``rho``; module docstring).
 
   Raises:
     ValueError: bad privacy parameters, rows outside the unit ball (see

@@ -34,6 +34,46 @@ def test_fit_predict_score_and_accountant():
   assert acc.pure_epsilon() == pytest.approx(10.0)
 
 
+def test_loss_perturbation_estimator_uses_replace_one_neighbours():
+  # All estimator methods share one accountant, so they must share one neighbouring relation;
+  # model sensitivity and the binary methods are replace-one. Loss perturbation must therefore
+  # use the replace-one calibration (beta = eps/(4K)), which also makes l2_reg > 0 valid
+  # (under add/remove the mean-normalised L2 term is data-dependent).
+  import jax  # pylint: disable=import-outside-toplevel
+  from jaxdp.training import objective_perturbation  # pylint: disable=import-outside-toplevel
+  x, labels, y = _data()
+  w = PrivateLogisticRegression(epsilon=1.0, l2_reg=1e-3, seed=3).fit(x, labels).coef_
+  ref = objective_perturbation.loss_perturbation(
+      jax.random.fold_in(jax.random.key(3), 0), x, y, num_classes=3, epsilon=1.0, l2_reg=1e-3,
+      neighbouring="replace_one")
+  assert ref.calibration.scale == pytest.approx(1.0 / (4 * math.sqrt(2)))
+  np.testing.assert_allclose(w, ref.weights, rtol=1e-5, atol=1e-6)
+
+
+def test_public_classes_fix_the_output_and_inferred_classes_warn():
+  # Replace-one neighbours where the neighbour loses the only "eel": with the label set read
+  # off the data the released shape (and classes_) would differ -- a certain distinguisher.
+  x, labels, _ = _data()
+  eel = np.flatnonzero(labels == "eel")
+  labels = labels.copy()
+  labels[eel[1:]] = "dog"  # D: exactly one eel
+  neighbour = labels.copy()
+  neighbour[eel[0]] = "cat"  # D': the eel replaced
+  public = ["cat", "dog", "eel"]
+  a = PrivateLogisticRegression(epsilon=1.0, classes=public, seed=0).fit(x, labels)
+  b = PrivateLogisticRegression(epsilon=1.0, classes=public, seed=0).fit(x, neighbour)
+  assert a.coef_.shape == b.coef_.shape == (6, 3)
+  assert list(a.classes_) == list(b.classes_) == public
+  assert set(a.predict(x)) <= set(public)
+  with pytest.warns(UserWarning, match="NOT differentially private"):
+    c = PrivateLogisticRegression(epsilon=1.0, seed=0).fit(x, neighbour)
+  assert c.coef_.shape == (6, 2)  # what the inferred label set leaks
+  with pytest.raises(ValueError, match="outside classes"):
+    PrivateLogisticRegression(epsilon=1.0, classes=["cat", "dog"]).fit(x, labels)
+  with pytest.raises(ValueError, match="classes"):
+    PrivateLogisticRegression(epsilon=1.0, classes=["cat", "cat"])
+
+
 def test_refitting_uses_fresh_noise():
   x, labels, _ = _data()
   clf = PrivateLogisticRegression(epsilon=1.0, seed=0)

@@ -65,18 +65,22 @@ def _recovered_noise(res, x, y, loss, l2_reg, h=0.5):
 def test_loss_perturbation_calibration_formulas():
   """Paper 000 Alg. 4/5: beta = eps/(2K), rho = 2LC/eps, sigma = (K/eps) sqrt(8 log(2/delta) + 4 eps)."""
   k, l = math.sqrt(2), 0.5
-  cal = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10)
+  cal = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10,
+                                          neighbouring="add_remove")
   assert cal.noise == "l2_laplace"
   assert cal.scale == pytest.approx(0.5 / (2 * k), rel=1e-12)
   assert cal.rho == pytest.approx(2 * l * 10 / 0.5, rel=1e-12)
   assert cal.extra_l2 == pytest.approx(cal.rho / 1000, rel=1e-12)  # rho/(2N)||theta||^2 (Alg. 4)
   assert cal.event == events.PureDpEvent(0.5)
-  cal_g = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10)
+  cal_g = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10,
+                                            neighbouring="add_remove")
   assert cal_g.scale == pytest.approx((k / 0.5) * math.sqrt(8 * math.log(2 / 1e-5) + 4 * 0.5), rel=1e-12)
   assert cal_g.event == events.ApproxDpEvent(0.5, 1e-5)
-  cal_r = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10,
-                                            neighbouring="replace_one")
-  assert cal_r.scale == pytest.approx(cal.scale / 2, rel=1e-12)
+  cal_r = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10)
+  assert cal_r.neighbouring == "replace_one"  # the default: the other linear methods' relation
+  assert cal_r.scale == pytest.approx(cal.scale / 2, rel=1e-12)  # ||b' - b|| <= 2K: beta = eps/(4K)
+  cal_rg = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10)
+  assert cal_rg.scale == pytest.approx(2 * cal_g.scale, rel=1e-12)
   cal_big = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10, rho=100.0)
   assert cal_big.extra_l2 == pytest.approx(0.1)
   with pytest.raises(ValueError, match="rho"):
@@ -109,8 +113,10 @@ def test_loss_perturbation_implied_noise_shift_is_bounded():
   y_rep[0] = 1 - y_rep[0]
   thetas = [np.zeros((2, 2), np.float32), 50.0 * np.ones((2, 2), np.float32),
             np.asarray([[300.0, -200.0], [-100.0, 40.0]], np.float32)]
-  cal_a = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2)
-  cal_a2 = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=7, num_classes=2)
+  cal_a = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2,
+                                            neighbouring="add_remove")
+  cal_a2 = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=7, num_classes=2,
+                                             neighbouring="add_remove")
   lam = 0.3
   cal_r = obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2,
                                             neighbouring="replace_one", l2_reg=lam)
@@ -126,9 +132,11 @@ def test_loss_perturbation_implied_noise_shift_is_bounded():
   assert np.linalg.norm(shift_bad) > 10 * k
   # ... so the library refuses it (calibration and the training function).
   with pytest.raises(ValueError, match="l2_reg must be 0 with neighbouring='add_remove'"):
-    obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2, l2_reg=lam)
+    obp.loss_perturbation_calibration(epsilon=1.0, num_examples=6, num_classes=2, l2_reg=lam,
+                                      neighbouring="add_remove")
   with pytest.raises(ValueError, match="l2_reg must be 0"):
-    obp.loss_perturbation(jax.random.key(0), x, y, num_classes=2, epsilon=1.0, l2_reg=lam)
+    obp.loss_perturbation(jax.random.key(0), x, y, num_classes=2, epsilon=1.0, l2_reg=lam,
+                          neighbouring="add_remove")
 
 
 def test_binary_objective_perturbation_calibration():
@@ -194,6 +202,9 @@ def test_binary_objective_perturbation_noise_gamma_law():
     norms = np.linalg.norm(_recovered_noise(res, x, y, loss, 0.05), axis=1)
     gamma = res.calibration.scale
     assert stats.kstest(norms, stats.gamma(a=3, scale=1 / gamma).cdf).pvalue > 1e-3
+    # Power: gamma = eps' instead of eps'/2 (or eps/2 vs eps/4 in the fallback) is rejected.
+    assert stats.kstest(norms, stats.gamma(a=3, scale=0.5 / gamma).cdf).pvalue < 1e-6
+    assert stats.kstest(norms, stats.gamma(a=3, scale=1.25 / gamma).cdf).pvalue < 1e-3
 
 
 def test_eps_inf_is_exactly_non_private():
@@ -259,9 +270,10 @@ def _audit_loss_perturbation(num_runs: int, eps: float, beta_factor: float = 1.0
   def run(k, xs, ys):
     keys = jax.random.split(k, num_runs)
     if beta_factor == 1.0:
-      res = obp.loss_perturbation(keys, xs, ys, num_classes=2, epsilon=eps)
+      res = obp.loss_perturbation(keys, xs, ys, num_classes=2, epsilon=eps, neighbouring="add_remove")
     else:
-      cal = obp.loss_perturbation_calibration(epsilon=eps, num_examples=xs.shape[0], num_classes=2)
+      cal = obp.loss_perturbation_calibration(epsilon=eps, num_examples=xs.shape[0], num_classes=2,
+                                              neighbouring="add_remove")
       res = obp._perturbed_fit_many(  # pylint: disable=protected-access
           keys, jnp.asarray(xs), jnp.asarray(ys), cal.scale * beta_factor, cal.extra_l2, 0.0, 0.5,
           1e-6, noise="l2_laplace", loss="softmax", num_classes=2, max_iter=500, mode="vmap")

@@ -185,7 +185,13 @@ def train_dpsgd(
   by the Poisson-subsampled Gaussian mechanism composed over ``steps`` steps
   (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd`). Not covered:
   hyper-parameter tuning, ``eval_fn`` on private data, and the non-private
-  diagnostics (training loss) that are kept in ``history``.
+  diagnostics (training loss) that are kept in ``history``. Two conventions
+  the accounting relies on: q and the divisor ``q N`` are computed from
+  ``N = len(y)``, i.e. the dataset size is treated as public (as in Opacus and
+  TF Privacy; strictly, under add/remove both should be constants fixed before
+  seeing the data); with ``on_overflow="raise"`` an abort (probability <=
+  ``overflow_prob`` per step) is not in the spent event: add
+  ``steps * overflow_prob`` to delta (see :mod:`.sampling`).
 
   Args:
     model: a ``flax.linen.Module`` (``params`` optional; initialised from

@@ -34,9 +34,35 @@ def test_poisson_sample_statistics():
   assert abs(freq.mean() - q) < 0.002
   chi2 = np.sum((counts - reps * q) ** 2 / (reps * q * (1 - q)))
   assert stats.chi2.sf(chi2, n) > 1e-4
+  # Pairwise independence (the accountant needs independent Bernoulli(q) per example, not
+  # just the right marginals): adjacent pairs co-occur in ~ reps * (n-1) * q^2 = 540 draws
+  # (sd ~ 23); block/contiguous or fixed-size samplers with the same marginals give far more
+  # or fewer.
+  masks = np.zeros((reps, n), bool)
+  for r, k in enumerate(keys):
+    masks[r, sampling.poisson_sample_indices(k, n, q)] = True
+  co = int(np.sum(masks[:, 1:] & masks[:, :-1]))
+  expected = reps * (n - 1) * q * q
+  assert abs(co - expected) < 5 * np.sqrt(expected), (co, expected)
   # Same key, same sample.
   np.testing.assert_array_equal(sampling.poisson_sample_indices(keys[0], n, q),
                                 sampling.poisson_sample_indices(keys[0], n, q))
+
+
+def test_inclusion_probability_never_exceeds_q():
+  # The accountant is told q; sampling must not include examples more often. A float32
+  # uniform compared with q (jax.random.bernoulli) rounds q UP to the 2^-23 grid.
+  for q in (256 / 60_000, 0.03, 1e-5, 6.02e-8, 0.999999):
+    q_eff = sampling.effective_sample_rate(q)
+    assert q - 2.0 ** -32 < q_eff <= q, (q, q_eff)
+  assert sampling.effective_sample_rate(1.0) == 1.0
+  assert sampling.poisson_sample_indices(jax.random.key(0), 7, 1.0).tolist() == list(range(7))
+  # Empirically: 160M draws at q = 0.1 * 2^-23 expect 1.9 inclusions; a float32 uniform
+  # compared with q (the 2^-23 grid) includes with probability 2^-23 (10x): ~19.
+  q = 0.1 * 2.0 ** -23
+  total = sum(sampling.poisson_sample_indices(k, 4_000_000, q).size
+              for k in jax.random.split(jax.random.key(1), 40))
+  assert total <= 10, total
 
 
 def test_pad_split_raise_and_empty():

@@ -64,6 +64,26 @@ def test_accountant_receives_q_steps_and_calibrated_sigma():
   assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(res.epsilon, rel=1e-9)
 
 
+def test_interrupted_training_spends_exactly_the_steps_run():
+  # Training stops (here: an exception from eval_fn) after 3 of 15 planned steps: the
+  # accountant must get dpsgd_event(sigma, q, 3), not the planned 15 steps nor nothing.
+  x, y = _toy(n=100)
+  rec = _Recorder()
+
+  class Stop(Exception):
+    pass
+
+  def eval_fn(params):
+    raise Stop()
+
+  with pytest.raises(Stop):
+    dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(3),
+                      epochs=1.5, l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1,
+                      noise_multiplier=1.3, accountant=rec, eval_fn=eval_fn, eval_every=3)
+  ((event, count),) = rec.calls
+  assert count == 1 and event == dpsgd_accounting.dpsgd_event(1.3, 0.1, 3)
+
+
 def test_budget_refused_before_training():
   x, y = _toy()
   budget = PrivacyBudget(epsilon=0.5, delta=1e-5)
