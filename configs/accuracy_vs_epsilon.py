@@ -32,7 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.validation_fraction = 0.2
   config.num_seeds = 20                 # noise draws per point (paper: 100), one batched call each
   config.max_iter = 500
-  config.tol = 1e-6
+  config.tol = 1e-6                     # non-private and output perturbation (enters 2 tol/lambda)
+  config.objective_tol = 1e-5           # loss perturbation (float32 gradient floor of noisy objectives)
   config.batch_mode = "auto"            # "vmap" | "map" | "auto" (map on CPU, vmap on GPU)
   config.seed = 0
   config.out_dir = "results"            # writes results/<name>/

@@ -56,9 +56,13 @@ def private_models(method, key_batch, x, y, num_classes, l2_reg, eps, delta, con
         key_batch, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
         **common).weights
   if method == "loss_perturbation":
+    # Perturbed objectives carry noise terms of size ||b||/N, so float32 gradients
+    # have a rounding floor near 1e-6; use scipy's default gtol (1e-5) here. The
+    # output-perturbation tol above enters its sensitivity (2 tol/lambda), so it
+    # stays tight.
     return objective_perturbation.loss_perturbation(
         key_batch, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
-        batch_mode=config.batch_mode, **common).weights
+        batch_mode=config.batch_mode, max_iter=config.max_iter, tol=config.objective_tol).weights
   raise ValueError(f"unknown method {method!r}; use non_private, model_sensitivity or loss_perturbation.")
 
 
