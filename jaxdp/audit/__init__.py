@@ -32,6 +32,7 @@ from jaxdp.audit.core import audit_epsilon
 from jaxdp.audit.core import clopper_pearson_lower
 from jaxdp.audit.core import clopper_pearson_upper
 from jaxdp.audit.core import epsilon_from_rates
+from jaxdp.audit.core import histogram_epsilon_lower_bound
 from jaxdp.audit.core import epsilon_lower_bound
 from jaxdp.audit.core import make_trial_fn
 from jaxdp.audit.core import run_trials
@@ -47,6 +48,7 @@ __all__ = [
     "dpsgd_canary_audit",
     "epsilon_from_rates",
     "epsilon_lower_bound",
+    "histogram_epsilon_lower_bound",
     "exponential_mechanism_log_ratio",
     "exponential_mechanism_pair",
     "flipped_label_pair",

@@ -221,6 +221,44 @@ def clopper_pearson_lower(successes: Any, trials: Any, alpha: float) -> np.ndarr
   return out
 
 
+def histogram_epsilon_lower_bound(samples: Any, neighbour_samples: Any, num_bins: int = 20,
+                                  alpha: float = 1e-3) -> float:
+  """High-confidence lower bound on a pure-DP epsilon from two samples of a scalar output.
+
+  Bins are quantiles of the pooled samples. For each bin and direction, a
+  Clopper-Pearson lower bound on one output's bin probability is divided by an
+  upper bound on the other's (Bonferroni over bins, directions and the two
+  intervals: total level ``alpha``). If the mechanism is ε-DP (δ = 0), every
+  bin-probability ratio is at most e^ε, so the returned value exceeds ε with
+  probability at most ``alpha``. Coarser than :func:`epsilon_lower_bound`
+  (which picks one threshold) but needs no statistic design.
+
+  Args:
+    samples: outputs of the mechanism on D (1-D array).
+    neighbour_samples: outputs on the neighbouring D'.
+    num_bins: number of quantile bins (>= 2).
+    alpha: total error probability in (0, 1).
+
+  Returns:
+    The lower bound (may be negative or -inf when nothing is detected).
+  """
+  num_bins = _validation.check_positive_int(num_bins, "num_bins")
+  if num_bins < 2 or not 0.0 < float(alpha) < 1.0:
+    raise ValueError(f"need num_bins >= 2 and alpha in (0, 1), got {num_bins}, {alpha}.")
+  s1 = np.asarray(samples, np.float64).ravel()
+  s2 = np.asarray(neighbour_samples, np.float64).ravel()
+  edges = np.quantile(np.concatenate([s1, s2]), np.linspace(0, 1, num_bins + 1)[1:-1])
+  edges = np.concatenate([[-np.inf], edges, [np.inf]])
+  k1, k2 = np.histogram(s1, edges)[0], np.histogram(s2, edges)[0]
+  level = float(alpha) / (4 * num_bins)
+  with np.errstate(divide="ignore"):
+    r12 = np.log(clopper_pearson_lower(k1, s1.size, level)) - np.log(
+        clopper_pearson_upper(k2, s2.size, level))
+    r21 = np.log(clopper_pearson_lower(k2, s2.size, level)) - np.log(
+        clopper_pearson_upper(k1, s1.size, level))
+  return float(np.max(np.concatenate([r12, r21])))
+
+
 def epsilon_from_rates(fpr: Any, fnr: Any, delta: float = 0.0) -> np.ndarray:
   """Largest epsilon implied by a test's error rates, formula (2) of the module doc.
 

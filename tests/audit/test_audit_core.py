@@ -273,3 +273,17 @@ def test_audit_detects_the_floating_point_leak_of_naive_laplace_noise():
   bits = audit.audit_epsilon(naive, jnp.float32(0.0), jnp.float32(1.0),
                              lambda o: jnp.abs(o) - jnp.abs(o - 1.0), **kw)
   assert bits.violates_claim and bits.epsilon_lower_bound > 3.0
+
+
+def test_histogram_epsilon_lower_bound_is_valid_and_detects_miscalibration():
+  from jaxdp.audit import histogram_epsilon_lower_bound
+  rng = np.random.default_rng(0)
+  n = 200_000
+  # Laplace(1) at 0 vs 1: exactly 1-DP; the bound must stay below 1 ...
+  ok = histogram_epsilon_lower_bound(rng.laplace(0, 1, n), rng.laplace(1, 1, n), num_bins=20)
+  assert 0.5 < ok <= 1.0
+  # ... and half the noise (2-DP) must be detected above the 1-DP claim.
+  bad = histogram_epsilon_lower_bound(rng.laplace(0, 0.5, n), rng.laplace(1, 0.5, n), num_bins=20)
+  assert bad > 1.0
+  with pytest.raises(ValueError):
+    histogram_epsilon_lower_bound([0.0], [1.0], num_bins=1)

@@ -8,37 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from jaxdp.audit import histogram_epsilon_lower_bound
 from jaxdp.accounting import events
 from jaxdp.training import linear, objective_perturbation as obp
-
-
-def histogram_log_ratio_lower_bound(s1, s2, num_bins: int = 20, alpha: float = 1e-3) -> float:
-  """High-confidence lower bound on max_bin |log P1(bin) / P2(bin)| from samples of two outputs.
-
-  Bins are quantiles of the pooled samples. For each bin and direction, a
-  Clopper-Pearson lower bound on one probability is divided by an upper bound
-  on the other (Bonferroni over bins and directions, total level ``alpha``).
-  If the mechanism is eps-DP, every bin ratio is <= e^eps, so the returned
-  value exceeds eps with probability at most ``alpha``.
-  """
-  s1, s2 = np.asarray(s1, np.float64), np.asarray(s2, np.float64)
-  edges = np.quantile(np.concatenate([s1, s2]), np.linspace(0, 1, num_bins + 1)[1:-1])
-  edges = np.concatenate([[-np.inf], edges, [np.inf]])
-  k1 = np.histogram(s1, edges)[0]
-  k2 = np.histogram(s2, edges)[0]
-  n1, n2 = s1.size, s2.size
-  a = alpha / (2 * num_bins)
-
-  def lower(k, n):
-    return np.where(k > 0, stats.beta.ppf(a / 2, np.maximum(k, 1), n - k + 1), 0.0)
-
-  def upper(k, n):
-    return np.where(k < n, stats.beta.ppf(1 - a / 2, k + 1, np.maximum(n - k, 1)), 1.0)
-
-  with np.errstate(divide="ignore"):
-    r12 = np.log(lower(k1, n1)) - np.log(upper(k2, n2))
-    r21 = np.log(lower(k2, n2)) - np.log(upper(k1, n1))
-  return float(np.max(np.concatenate([r12, r21])))
 
 
 def _data(seed=0, n=60, d=3, c=2):
@@ -281,7 +253,7 @@ def _audit_loss_perturbation(num_runs: int, eps: float, beta_factor: float = 1.0
     # Post-processing statistic: the logit difference theta[0, 1] - theta[0, 0].
     return np.asarray(res.weights[:, 0, 1] - res.weights[:, 0, 0])
 
-  return histogram_log_ratio_lower_bound(run(k1, x, y), run(k2, x2, y2), num_bins=10)
+  return histogram_epsilon_lower_bound(run(k1, x, y), run(k2, x2, y2), num_bins=10)
 
 
 def test_empirical_privacy_loss_perturbation_small():
@@ -308,7 +280,7 @@ def _audit_binary_objective_perturbation(num_runs: int, eps: float) -> float:
   kw = dict(epsilon=eps, l2_reg=0.2, loss="logistic")
   r1 = obp.objective_perturbation(jax.random.split(k1, num_runs), x, y1, **kw)
   r2 = obp.objective_perturbation(jax.random.split(k2, num_runs), x2, y2, **kw)
-  return histogram_log_ratio_lower_bound(np.asarray(r1.weights[:, 0]), np.asarray(r2.weights[:, 0]),
+  return histogram_epsilon_lower_bound(np.asarray(r1.weights[:, 0]), np.asarray(r2.weights[:, 0]),
                                          num_bins=10)
 
 
