@@ -51,6 +51,7 @@ import numpy as np
 
 from jaxdp import _validation
 from jaxdp.accounting import events
+from jaxdp.mechanisms import noise_scale_as
 from jaxdp.mechanisms.laplace import laplace_noise
 from jaxdp.training import linear
 
@@ -154,6 +155,7 @@ def functional_mechanism(
     raise ValueError("y must hold labels in {0, 1} for the functional mechanism's logistic regression.")
   cal = functional_mechanism_calibration(task, x.shape[1], epsilon)
   xj, yj = jnp.asarray(x, jnp.float32), jnp.asarray(y)
-  solve = lambda k: _fm_solve(k, xj, yj, cal.scale, lam, thr, task=task)
+  scale = noise_scale_as(cal.scale, jnp.float32, round_up=True)  # Laplace scale: round up
+  solve = lambda k: _fm_solve(k, xj, yj, scale, lam, thr, task=task)
   theta, kept = jax.vmap(solve)(key) if linear.is_key_batch(key) else solve(key)
   return FunctionalMechanismResult(theta, kept, cal.event, cal)

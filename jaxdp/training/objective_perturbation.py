@@ -76,6 +76,7 @@ import numpy as np
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.mechanisms.gaussian import gaussian_noise
+from jaxdp.mechanisms import noise_scale_as
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
 from jaxdp.training import linear, linear_losses
 
@@ -250,7 +251,9 @@ def _run(key, x, y, cal, *, loss, num_classes, l2_reg, h, max_iter, tol, normali
   else:
     xj, yj = jnp.asarray(x, jnp.float32), jnp.asarray(y)
     kw = dict(noise=cal.noise, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter))
-    args = (xj, yj, cal.scale, cal.extra_l2, l2_reg, h, tol)
+    # float64 -> float32 towards more noise: sigma rounded up, the L2-Laplace beta down.
+    scale = noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
+    args = (xj, yj, scale, cal.extra_l2, l2_reg, h, tol)
     if linear.is_key_batch(key):
       model = _perturbed_fit_many(key, *args, mode=linear.resolve_batch_mode(batch_mode), **kw)
     else:

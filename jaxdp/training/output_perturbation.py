@@ -42,6 +42,7 @@ from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
 from jaxdp.mechanisms.gaussian import gaussian_noise
+from jaxdp.mechanisms import noise_scale_as
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
 from jaxdp.training import linear, linear_losses
 
@@ -136,7 +137,9 @@ def perturb_weights(key: jax.Array, weights: jax.Array,
     if linear.is_key_batch(key):
       return jnp.broadcast_to(weights, (jnp.shape(key)[0],) + weights.shape)
     return weights
-  scale = jnp.asarray(calibration.scale, weights.dtype)
+  # float64 -> float32 towards more noise: sigma rounded up, the L2-Laplace beta down.
+  scale = noise_scale_as(calibration.scale, weights.dtype,
+                         round_up=calibration.noise != "l2_laplace")
   if linear.is_key_batch(key):
     return jax.vmap(lambda k: _add_noise(k, weights, scale, calibration.noise))(key)
   return _add_noise(key, weights, scale, calibration.noise)
