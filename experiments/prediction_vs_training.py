@@ -73,6 +73,7 @@ from absl import app
 from ml_collections import config_flags
 from tqdm import tqdm
 
+from jaxdp.mechanisms import noise_scale_as
 from jaxdp import data as jdata
 from jaxdp import prediction as jpred
 from jaxdp import training as jtrain
@@ -88,21 +89,6 @@ def load_data(config):
                     pca_dims=config.pca_dims or None, unit_ball="project")
 
 
-# --- conservative float32 scales, as jaxdp.prediction.predictor does -----------------
-def _f32_at_least(value: float) -> np.float32:
-  """float32 of a noise std (sigma), rounded up: never less noise than calibrated."""
-  out = np.float32(value)
-  return np.nextafter(out, np.float32(np.inf)) if float(out) < value else out
-
-
-def _f32_at_most(value: float) -> np.float32:
-  """float32 of an inverse scale (beta), rounded down: never less noise than calibrated."""
-  out = np.float32(value)
-  return np.nextafter(out, np.float32(0.0)) if float(out) > value else out
-
-
-# --- jitted evaluation, vmapped over noise seeds ---------------------------------------
-@jax.jit
 def _model_accuracies(weights, x, y):
   """Accuracy of each model in a ``(M, D, C)`` stack."""
   return jax.vmap(lambda w: jnp.mean(jtrain.predict_labels(w, x) == y))(weights)
@@ -166,7 +152,7 @@ def _ps_scale(eps, delta, budget, n, l2_reg, config):
   lipschitz = jpred.SOFTMAX_LIPSCHITZ + n * config.tol  # Delta = 2K/(N lam) + 2 tol/lam
   cal = jpred.calibrate_prediction_sensitivity(eps, delta, budget, n, l2_reg, lipschitz,
                                                method=config.gaussian_method)
-  scale = _f32_at_most(cal.scale) if cal.noise == "l2_laplace" else _f32_at_least(cal.scale)
+  scale = noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
   return cal.noise, scale
 
 
@@ -275,7 +261,8 @@ def main(config) -> list[dict]:
     grid = list(votes_val)
     for eps, delta in settings:
       for b in budgets:
-        beta = _f32_at_most(jpred.exponential_aggregation_beta(eps, delta, b))
+        beta = noise_scale_as(jpred.exponential_aggregation_beta(eps, delta, b), jnp.float32,
+                              round_up=False)
         vals = [float(jnp.mean(_aggregation_accuracies(keys.next(config.num_seeds),
                                                        votes_val[g], y_val, beta)))
                 for g in grid]
@@ -356,7 +343,7 @@ def plot(rows, config, path):
       ax.set_title(f"{config.dataset}, epsilon = {eps:g}, delta = {delta:g}")
       ax.set_ylim(0, 1)
       ax.grid(alpha=0.3)
-      ax.legend(loc="lower left", fontsize=8)
+      ax.legend(loc="best", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)

@@ -1,0 +1,110 @@
+"""Smoke test of experiments/prediction_vs_training.py (paper 000 Sec. 4.2, Fig. 2).
+
+Tiny config on the embedded digits set (no data dir needed): two budgets, two
+noise seeds, one epsilon, delta in {0, 1e-5}.
+"""
+
+import csv
+import importlib.util
+import json
+import math
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxdp import prediction as jpred
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUDGETS = (1, 100)
+EPS = 10.0
+DELTAS = (0.0, 1e-5)
+
+
+def _load(rel):
+  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _tiny_config(tmp_path):
+  config = _load("configs/prediction_vs_training.py").get_config()
+  config.epsilons = (EPS,)
+  config.deltas = DELTAS
+  config.budgets = BUDGETS
+  config.l2_regs = (1e-3, 1e-2)
+  config.num_teachers = (8,)
+  config.num_seeds = 2
+  config.n_train = 400
+  config.out_dir = str(tmp_path)
+  return config
+
+
+def test_prediction_vs_training_writes_results(tmp_path):
+  pytest.importorskip("ml_collections")
+  config = _tiny_config(tmp_path)
+  experiment = _load("experiments/prediction_vs_training.py")
+  rows = experiment.main(config)
+
+  out = tmp_path / config.name
+  assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json",
+                                              "prediction_vs_training.png"}
+  assert (out / "prediction_vs_training.png").stat().st_size > 10_000
+  meta = json.loads((out / "results.json").read_text())  # strict JSON (no NaN/inf literals)
+  with open(out / "results.csv", newline="") as f:
+    csv_rows = list(csv.DictReader(f))
+  # non-private: one row per B; 2 training + 2 prediction methods: one row per (delta, B).
+  expected = len(BUDGETS) * (1 + 4 * len(DELTAS))
+  assert len(rows) == len(meta["rows"]) == len(csv_rows) == expected
+  assert meta["n_train"] == 400 and meta["n_fit"] + meta["n_val"] == 400
+  assert {r["epsilon"] for r in meta["rows"] if r["method"] == "non_private"} == {"inf"}
+
+  for r in rows:
+    assert 0.0 <= r["test_accuracy_mean"] <= 1.0 and 0.0 <= r["val_accuracy"] <= 1.0
+    assert r["test_accuracy_std"] >= 0.0
+    assert r["num_draws"] == (1 if r["method"] == "non_private" else config.num_seeds)
+    assert r["budget"] in BUDGETS and r["l2_reg"] in config.l2_regs
+
+  base = [r["test_accuracy_mean"] for r in rows if r["method"] == "non_private"]
+  assert len(set(base)) == 1 and base[0] >= 0.8
+
+  by = {(r["method"], r["delta"], r["budget"]): r for r in rows if r["method"] != "non_private"}
+  for delta in DELTAS:
+    # Private training releases one private model: its accuracy is the same for every B.
+    for method in ("model_sensitivity", "loss_perturbation"):
+      accs = {(by[method, delta, b]["test_accuracy_mean"], by[method, delta, b]["test_accuracy_std"])
+              for b in BUDGETS}
+      assert len(accs) == 1, (method, delta, accs)
+    # Private prediction pays for every answer: B = 100 is far noisier than B = 1.
+    for method in ("prediction_sensitivity", "subsample_aggregate"):
+      lo, hi = by[method, delta, BUDGETS[0]], by[method, delta, BUDGETS[-1]]
+      assert lo["test_accuracy_mean"] > hi["test_accuracy_mean"] + 0.2, (method, delta)
+
+    # Calibration exactly as the predictors for budget B (float32 scale, never less noise).
+    for b in BUDGETS:
+      r = by["subsample_aggregate", delta, b]
+      beta = jpred.exponential_aggregation_beta(EPS, delta, b)
+      assert r["noise_scale"] <= beta and r["noise_scale"] == pytest.approx(beta, rel=1e-6)
+      if delta == 0.0:
+        assert beta == EPS / (2 * b)  # corrected Thm. 7
+      r = by["prediction_sensitivity", delta, b]
+      lipschitz = jpred.SOFTMAX_LIPSCHITZ + 400 * config.tol  # solver slack 2 tol / lambda
+      cal = jpred.calibrate_prediction_sensitivity(EPS, delta, b, 400, r["l2_reg"], lipschitz)
+      assert cal.noise == ("l2_laplace" if delta == 0.0 else "gaussian")
+      assert r["noise_scale"] == pytest.approx(cal.scale, rel=1e-6)
+      if delta == 0.0:  # beta = N lambda eps / (2 K' B), rounded down
+        assert r["noise_scale"] <= cal.scale
+        assert cal.scale == pytest.approx(400 * r["l2_reg"] * EPS / (2 * lipschitz * b), rel=1e-12)
+      else:  # sigma rounded up
+        assert r["noise_scale"] >= cal.scale
+  assert all(math.isfinite(r["noise_scale"]) for r in rows)
+  assert np.isclose(float(csv_rows[0]["test_accuracy_mean"]), rows[0]["test_accuracy_mean"])
+
+
+def test_prediction_vs_training_rejects_unknown_method(tmp_path):
+  pytest.importorskip("ml_collections")
+  config = _tiny_config(tmp_path)
+  config.methods = ("non_private", "dp_sgd")
+  with pytest.raises(ValueError, match="config.methods"):
+    _load("experiments/prediction_vs_training.py").main(config)
