@@ -66,17 +66,27 @@ def logit_sensitivity(
     num_examples: int,
     l2_reg: float,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
+    solver_tol: float = 0.0,
 ) -> float:
-  """L2 sensitivity of the logits ``theta(D)^T x``: ``Delta = 2K/(N lambda)``.
+  """L2 sensitivity of the logits ``theta(D)^T x``: ``Delta = 2K/(N lambda) + 2 tol/lambda``.
 
-  Paper 000 Appendix A Lemma 1 (``||theta_1 - theta_2||_F <= 2K/(N lambda)``)
-  and Appendix C.1 Eqs. 42 and 45 (``||(theta_1 - theta_2)^T x||_2 <=
-  ||theta_1 - theta_2||_F`` for ``||x||_2 <= 1``).
+  Paper 000 Appendix A Lemma 1 (``||theta_1 - theta_2||_F <= 2K/(N lambda)``
+  for the exact minimisers) and Appendix C.1 Eqs. 42 and 45
+  (``||(theta_1 - theta_2)^T x||_2 <= ||theta_1 - theta_2||_F`` for
+  ``||x||_2 <= 1``). A solver that stops at ``||grad J(theta)|| <= tol``
+  returns a point within ``tol/lambda`` of the exact minimiser (J is
+  lambda-strongly convex), so two released models differ by at most
+  ``2K/(N lambda) + 2 tol/lambda``; pass the solver's tolerance (or the
+  achieved gradient norm, as
+  :meth:`~jaxdp.prediction.PredictionSensitivityPredictor.from_linear_model`
+  does) as ``solver_tol``. ``solver_tol = 0`` is the paper's exact-minimiser
+  bound.
 
   Args:
     num_examples: training set size N (>= 1).
     l2_reg: regularisation lambda > 0 of ``lambda R(theta)``, ``R = ||.||^2/2``.
     lipschitz: Lipschitz constant K > 0 of the loss (``sqrt(2)`` for softmax).
+    solver_tol: gradient-norm tolerance (>= 0) the weights were fitted to.
 
   >>> round(logit_sensitivity(1000, 0.01), 6)  # 2 sqrt(2) / 10
   0.282843
@@ -84,7 +94,8 @@ def logit_sensitivity(
   n = _validation.check_positive_int(num_examples, "num_examples")
   lam = _validation.check_positive(l2_reg, "l2_reg")
   k = _validation.check_positive(lipschitz, "lipschitz")
-  return 2.0 * k / (n * lam)
+  tol = _validation.check_nonnegative(solver_tol, "solver_tol")
+  return 2.0 * k / (n * lam) + 2.0 * tol / lam
 
 
 def l2_laplace_prediction_beta(
@@ -93,14 +104,15 @@ def l2_laplace_prediction_beta(
     num_examples: int,
     l2_reg: float,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
+    solver_tol: float = 0.0,
 ) -> float:
-  """``beta = N lambda eps / (2 K B)`` (paper 000 Algorithm 6, Theorem 5).
+  """``beta = N lambda eps / (2 K B)`` (paper 000 Algorithm 6, Theorem 5), i.e. ``eps/(B Delta)``.
 
   Each query is then ``(beta Delta) = eps/B``-DP and B queries ``eps``-DP.
   """
   eps = _validation.check_epsilon(epsilon)
   b = _validation.check_positive_int(budget, "budget")
-  return eps / (b * logit_sensitivity(num_examples, l2_reg, lipschitz))
+  return eps / (b * logit_sensitivity(num_examples, l2_reg, lipschitz, solver_tol))
 
 
 def gaussian_prediction_sigma(
@@ -111,6 +123,7 @@ def gaussian_prediction_sigma(
     l2_reg: float,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
     method: str = "best",
+    solver_tol: float = 0.0,
 ) -> float:
   """Std of the Gaussian logit noise for ``(eps, delta)``-DP over B queries.
 
@@ -126,13 +139,13 @@ def gaussian_prediction_sigma(
     epsilon: total epsilon in (0, inf).
     delta: total delta in (0, 1).
     budget: number of queries B >= 1.
-    num_examples, l2_reg, lipschitz: see :func:`logit_sensitivity`.
+    num_examples, l2_reg, lipschitz, solver_tol: see :func:`logit_sensitivity`.
     method: one of :data:`GAUSSIAN_METHODS`.
   """
   eps = _validation.check_epsilon(epsilon)
   dlt = _validation.check_delta(delta, allow_zero=False)
   b = _validation.check_positive_int(budget, "budget")
-  sens = logit_sensitivity(num_examples, l2_reg, lipschitz)
+  sens = logit_sensitivity(num_examples, l2_reg, lipschitz, solver_tol)
   if method == "exact_gaussian_composition":
     return float(_analytic.analytic_gaussian_sigma(eps, dlt, sens * math.sqrt(b)))
   if method not in ("basic", "advanced", "best"):
@@ -181,16 +194,20 @@ def calibrate_prediction_sensitivity(
     l2_reg: float,
     lipschitz: float = SOFTMAX_LIPSCHITZ,
     method: str = "best",
+    solver_tol: float = 0.0,
 ) -> PredictionSensitivityCalibration:
-  """Picks the noise: L2-Laplace (Alg. 6) if ``delta == 0``, else Gaussian (Alg. 7)."""
+  """Picks the noise: L2-Laplace (Alg. 6) if ``delta == 0``, else Gaussian (Alg. 7).
+
+  ``solver_tol``: see :func:`logit_sensitivity` (the fitted weights' gradient-norm tolerance).
+  """
   dlt = _validation.check_delta(delta)
-  sens = logit_sensitivity(num_examples, l2_reg, lipschitz)
+  sens = logit_sensitivity(num_examples, l2_reg, lipschitz, solver_tol)
   b = _validation.check_positive_int(budget, "budget")
   eps = _validation.check_epsilon(epsilon)
   if dlt == 0.0:
-    beta = l2_laplace_prediction_beta(eps, b, num_examples, l2_reg, lipschitz)
+    beta = l2_laplace_prediction_beta(eps, b, num_examples, l2_reg, lipschitz, solver_tol)
     return PredictionSensitivityCalibration("l2_laplace", beta, sens, eps, 0.0, b)
-  sigma = gaussian_prediction_sigma(eps, dlt, b, num_examples, l2_reg, lipschitz, method)
+  sigma = gaussian_prediction_sigma(eps, dlt, b, num_examples, l2_reg, lipschitz, method, solver_tol)
   return PredictionSensitivityCalibration("gaussian", sigma, sens, eps, dlt, b, method)
 
 

@@ -318,13 +318,51 @@ class PredictionSensitivityPredictor(PrivatePredictor):
       key: jax.Array,
       lipschitz: float = _ps.SOFTMAX_LIPSCHITZ,
       method: str = "best",
+      solver_tol: float = 0.0,
       privacy_budget: _accountant.PrivacyBudget | None = None,
       state_path: str | os.PathLike | None = None,
   ) -> "PredictionSensitivityPredictor":
-    """Calibrates with :func:`~jaxdp.prediction.prediction_sensitivity.calibrate_prediction_sensitivity`."""
+    """Calibrates with :func:`~jaxdp.prediction.prediction_sensitivity.calibrate_prediction_sensitivity`.
+
+    ``solver_tol`` must be the gradient-norm tolerance the weights were fitted
+    to (0 only for exact minimisers); prefer :meth:`from_linear_model`.
+    """
     cal = _ps.calibrate_prediction_sensitivity(epsilon, delta, budget, num_examples, l2_reg,
-                                               lipschitz, method)
+                                               lipschitz, method, solver_tol)
     return cls(weights, cal, key=key, privacy_budget=privacy_budget, state_path=state_path)
+
+  @classmethod
+  def from_linear_model(
+      cls,
+      model: Any,
+      *,
+      num_examples: int,
+      l2_reg: float,
+      epsilon: float,
+      delta: float,
+      budget: int,
+      key: jax.Array,
+      method: str = "best",
+      privacy_budget: _accountant.PrivacyBudget | None = None,
+      state_path: str | os.PathLike | None = None,
+  ) -> "PredictionSensitivityPredictor":
+    """From a :func:`jaxdp.training.fit_linear` softmax result (``weights``, ``info``).
+
+    Refuses a fit that did not converge and calibrates to the sensitivity of
+    approximate minimisers, using twice the achieved gradient norm as ``solver_tol``
+    (paper 000 Lemma 1 plus ``2 ||grad J||/lambda``, by strong convexity).
+    """
+    info = model.info
+    if not bool(np.all(np.asarray(info.converged))):
+      raise ValueError("the linear model did not converge; its weights are not the regularised "
+                       "minimiser the sensitivity bound needs. Refit with more iterations.")
+    # Twice the reported float32 gradient norm covers its rounding error (it is
+    # summed over N examples in float32); the term is tiny next to 2K/(N lambda).
+    grad_norm = 2.0 * float(np.max(np.asarray(info.grad_norm, np.float64)))
+    return cls.from_weights(model.weights, num_examples=num_examples, l2_reg=l2_reg,
+                            epsilon=epsilon, delta=delta, budget=budget, key=key, method=method,
+                            solver_tol=grad_norm, privacy_budget=privacy_budget,
+                            state_path=state_path)
 
   def _check_queries(self, x: Any) -> np.ndarray:
     arr = super()._check_queries(x)

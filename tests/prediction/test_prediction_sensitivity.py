@@ -122,3 +122,42 @@ def test_noisy_logits_refuses_scales_that_mean_no_noise(noise, scale):
   # prediction must not silently release the exact logits.
   with pytest.raises(ValueError, match="scale"):
     ps.noisy_logits(jax.random.key(0), jnp.zeros((2, 3)), noise, scale)
+
+
+def test_solver_tolerance_enters_the_sensitivity():
+  from jaxdp.prediction import logit_sensitivity, calibrate_prediction_sensitivity
+  n, lam, tol = 500, 0.01, 1e-4
+  exact = 2 * np.sqrt(2) / (n * lam)
+  assert logit_sensitivity(n, lam) == pytest.approx(exact)
+  assert logit_sensitivity(n, lam, solver_tol=tol) == pytest.approx(exact + 2 * tol / lam)
+  cal0 = calibrate_prediction_sensitivity(1.0, 0.0, 10, n, lam)
+  cal1 = calibrate_prediction_sensitivity(1.0, 0.0, 10, n, lam, solver_tol=tol)
+  assert cal1.scale == pytest.approx(1.0 / (10 * (exact + 2 * tol / lam)))
+  assert cal1.scale < cal0.scale  # smaller beta = more noise
+  g0 = calibrate_prediction_sensitivity(1.0, 1e-5, 10, n, lam)
+  g1 = calibrate_prediction_sensitivity(1.0, 1e-5, 10, n, lam, solver_tol=tol)
+  assert g1.scale == pytest.approx(g0.scale * (exact + 2 * tol / lam) / exact, rel=1e-6)
+  with pytest.raises(ValueError, match="solver_tol"):
+    logit_sensitivity(n, lam, solver_tol=-1.0)
+
+
+def test_predictor_from_linear_model_uses_the_achieved_gradient_norm():
+  import jax
+  from jaxdp.prediction import PredictionSensitivityPredictor
+  from jaxdp.training import fit_linear
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(200, 4))
+  x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+  y = rng.integers(0, 3, 200).astype(np.int32)
+  model = fit_linear(x, y, num_classes=3, l2_reg=0.05, tol=1e-5)
+  pred = PredictionSensitivityPredictor.from_linear_model(
+      model, num_examples=200, l2_reg=0.05, epsilon=1.0, delta=0.0, budget=5,
+      key=jax.random.key(0))
+  grad = 2 * float(model.info.grad_norm)
+  assert pred.calibration.sensitivity == pytest.approx(2 * np.sqrt(2) / (200 * 0.05) + 2 * grad / 0.05,
+                                                       rel=1e-6)
+  unconverged = model._replace(info=model.info._replace(converged=np.bool_(False)))
+  with pytest.raises(ValueError, match="did not converge"):
+    PredictionSensitivityPredictor.from_linear_model(
+        unconverged, num_examples=200, l2_reg=0.05, epsilon=1.0, delta=0.0, budget=5,
+        key=jax.random.key(0))
