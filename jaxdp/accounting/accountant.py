@@ -472,6 +472,16 @@ class PrivacyBudget:
     with open(path, encoding="utf-8") as f:
       return cls.from_state_dict(json.load(f))
 
+  def __getstate__(self) -> dict:
+    # The lock cannot be pickled or deep-copied; a copy gets a fresh one.
+    state = self.__dict__.copy()
+    del state["_lock"]
+    return state
+
+  def __setstate__(self, state: dict) -> None:
+    self.__dict__.update(state)
+    self._lock = threading.RLock()
+
   def __repr__(self) -> str:
     return (f"PrivacyBudget(epsilon={self.epsilon}, delta={self.delta}, "
             f"spent={self.spent_epsilon():.6g})")

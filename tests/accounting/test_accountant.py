@@ -306,3 +306,16 @@ def test_events_with_numpy_scalars_are_recorded_and_saved(tmp_path):
   budget.save(tmp_path / "b.json")
   restored = PrivacyBudget.load(tmp_path / "b.json")
   assert restored.spent_epsilon() == pytest.approx(budget.spent_epsilon(), rel=1e-12)
+
+
+def test_budget_can_be_copied_and_pickled():
+  import copy
+  import pickle
+  budget = PrivacyBudget(epsilon=1.0)
+  budget.spend(events.PureDpEvent(0.4))
+  for clone in (copy.deepcopy(budget), pickle.loads(pickle.dumps(budget))):
+    assert clone.spent_epsilon() == pytest.approx(0.4)
+    with pytest.raises(BudgetExceededError):
+      clone.spend(events.PureDpEvent(0.7))
+    clone.spend(events.PureDpEvent(0.6))
+  assert budget.spent_epsilon() == pytest.approx(0.4)  # copies are independent
