@@ -39,6 +39,7 @@ import numpy as np
 import scipy.optimize
 from scipy.special import logsumexp
 
+from jaxdp.results_io import strict_json
 from jaxdp import data as jdata
 from jaxdp.mechanisms import l2_laplace_noise
 from jaxdp.training import linear, objective_perturbation, output_perturbation
@@ -206,17 +207,6 @@ def accuracy_table(x, y, x_test, y_test, c, lambdas, num_seeds, tol):
   return rows
 
 
-def _finite(obj):
-  """Replaces non-finite floats by strings ("inf") so the JSON line is strict JSON."""
-  if isinstance(obj, dict):
-    return {k: _finite(v) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return [_finite(v) for v in obj]
-  if isinstance(obj, float) and not math.isfinite(obj):
-    return str(obj)
-  return obj
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true")
@@ -265,7 +255,7 @@ def main():
   for r in table:
     print(f"| {r['method']} | {r['epsilon']:g} | {r['delta']:g} | {r['l2_reg']:g} | "
           f"{r['accuracy_mean']:.4f} +- {r['accuracy_std']:.4f} |")
-  print(json.dumps(_finite(dict(benchmark="linear", quick=args.quick, dataset=name,
+  print(json.dumps(strict_json(dict(benchmark="linear", quick=args.quick, dataset=name,
                         backend=jax.default_backend(), solver=solver, batched_fits=batched,
                         accuracy_table=dict(n_train=int(xr.shape[0]), dims=int(xr.shape[1]),
                                             num_seeds=seeds, seconds=table_s, rows=table)))))

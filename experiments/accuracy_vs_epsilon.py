@@ -29,6 +29,7 @@ from absl import app
 from ml_collections import config_flags
 from tqdm import tqdm
 
+from jaxdp.results_io import strict_json
 from jaxdp import data as jdata
 from jaxdp.training import linear, objective_perturbation, output_perturbation
 
@@ -117,24 +118,13 @@ def main(config) -> list[dict]:
               n_test=int(len(y_test)), num_features=int(x.shape[1]), num_classes=int(c),
               seconds=elapsed, backend=jax.default_backend(), rows=rows)
   with open(out / "results.json", "w") as f:
-    json.dump(_finite(meta), f, indent=2, default=str, allow_nan=False)
+    json.dump(strict_json(meta), f, indent=2, default=str, allow_nan=False)
   plot(rows, config, out / "accuracy_vs_epsilon.png")
   print(f"wrote {out}/results.csv, results.json, accuracy_vs_epsilon.png in {elapsed:.1f} s")
   for r in rows:
     print(f"{r['method']:>18s} eps={r['epsilon']:<7g} delta={r['delta']:<7g} lambda={r['l2_reg']:<7g}"
           f" acc={r['test_accuracy_mean']:.4f} +- {r['test_accuracy_std']:.4f}")
   return rows
-
-
-def _finite(obj):
-  """Non-finite floats (epsilon = inf for the non-private row) as strings: strict JSON."""
-  if isinstance(obj, dict):
-    return {k: _finite(v) for k, v in obj.items()}
-  if isinstance(obj, (list, tuple)):
-    return [_finite(v) for v in obj]
-  if isinstance(obj, float) and not math.isfinite(obj):
-    return str(obj)
-  return obj
 
 
 def plot(rows, config, path):

@@ -54,6 +54,7 @@ from jaxdp.accounting import events as _events
 from jaxdp.mechanisms import _common
 from jaxdp.mechanisms import gaussian as _gaussian
 from jaxdp.mechanisms import l2_laplace as _l2_laplace
+from jaxdp.training import output_perturbation as _output_perturbation
 
 #: Lipschitz constant of the multi-class logistic loss w.r.t. the logits
 #: (paper 000 Section 3.1 and Appendix D).
@@ -91,11 +92,7 @@ def logit_sensitivity(
   >>> round(logit_sensitivity(1000, 0.01), 6)  # 2 sqrt(2) / 10
   0.282843
   """
-  n = _validation.check_positive_int(num_examples, "num_examples")
-  lam = _validation.check_positive(l2_reg, "l2_reg")
-  k = _validation.check_positive(lipschitz, "lipschitz")
-  tol = _validation.check_nonnegative(solver_tol, "solver_tol")
-  return 2.0 * k / (n * lam) + 2.0 * tol / lam
+  return _output_perturbation.minimizer_sensitivity(num_examples, l2_reg, lipschitz, solver_tol)
 
 
 def l2_laplace_prediction_beta(
