@@ -83,7 +83,7 @@ def scipy_fit(x, y_onehot, lam, tol, b_over_n=None, extra=0.0, max_iter=500):
 
 
 def _load(name, quick, data_dir):
-  n_train = 10_000 if quick else None
+  n_train = 10_000 if quick and name == "mnist" else None  # digits has only 1,797 examples
   return jdata.load(name, data_dir=data_dir, n_train=n_train, seed=0, unit_ball="project")
 
 
