@@ -39,6 +39,7 @@ from jaxdp.data.preprocessing import train_test_split_indices
 from jaxdp.data.registry import available_datasets
 from jaxdp.data.registry import load
 from jaxdp.data.resolve import ENV_VAR
+from jaxdp.data.resolve import env_data_dir
 
 __all__ = [
     "ChecksumError",
@@ -51,6 +52,7 @@ __all__ = [
     "TabularEncoder",
     "available_datasets",
     "clear_checksum_cache",
+    "env_data_dir",
     "file_sha256",
     "fit_pca",
     "fit_tabular_encoder",

@@ -7,6 +7,11 @@ Resolution order (issue 2, "Data"):
 3. TensorFlow Datasets, when ``tensorflow_datasets`` is importable and TFDS has
    the dataset (see :mod:`jaxdp.data.tfds_source`).
 
+Relative folders (``JAXDP_DATA_DIR=../shared/data``, a relative ``data_dir``) are
+made absolute against the current directory when they are read (:func:`absolute_dir`),
+so the paths in ``Dataset.info["source"]``, in error messages and any symlink made
+from them keep pointing at the same folder after a ``chdir``.
+
 A folder is laid out like ``shared/data`` (``<dir>/mnist/train-images-idx3-ubyte.gz``);
 the dataset's own folder may also be given (``<dir>/train-images-idx3-ubyte.gz``).
 A folder is used only when it holds *every* required file of the dataset; each
@@ -56,13 +61,33 @@ class LocalFiles:
   root: pathlib.Path
 
 
+def absolute_dir(path: str | os.PathLike) -> pathlib.Path:
+  """``path`` with ``~`` expanded, made absolute against the current directory.
+
+  ``os.path.abspath`` semantics: ``..`` is collapsed lexically and symlinks are
+  kept (the folder a user named stays the folder reported), unlike
+  ``Path.resolve``.
+  """
+  return pathlib.Path(os.path.abspath(os.path.expanduser(os.fspath(path))))
+
+
+def env_data_dir() -> pathlib.Path | None:
+  """``$JAXDP_DATA_DIR`` as an absolute path (:func:`absolute_dir`), or None if unset/empty."""
+  env = os.environ.get(ENV_VAR)
+  return absolute_dir(env) if env else None
+
+
 def data_roots(data_dir: str | os.PathLike | None) -> list[tuple[str, pathlib.Path | None]]:
-  """The folders to search, in order, each with a description for error messages."""
+  """The folders to search, in order, each with a description for error messages.
+
+  Both are absolute (:func:`absolute_dir`): a relative ``$JAXDP_DATA_DIR`` such as
+  the README's ``../shared/data`` is resolved against the current directory here,
+  once per lookup.
+  """
   roots: list[tuple[str, pathlib.Path | None]] = []
   if data_dir is not None:
-    roots.append(("data_dir argument", pathlib.Path(data_dir).expanduser()))
-  env = os.environ.get(ENV_VAR)
-  roots.append((f"${ENV_VAR}", pathlib.Path(env).expanduser() if env else None))
+    roots.append(("data_dir argument", absolute_dir(data_dir)))
+  roots.append((f"${ENV_VAR}", env_data_dir()))
   return roots
 
 

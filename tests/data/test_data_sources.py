@@ -119,6 +119,28 @@ def test_resolution_order(tmp_path, data_dir, monkeypatch):
   assert jd.load("bank", tmp_path / "mine" / "bank-marketing").num_train == 36169
 
 
+def test_relative_data_dirs_are_made_absolute(tmp_path, data_dir, monkeypatch):
+  """The README's ``JAXDP_DATA_DIR=../shared/data`` is relative: it is resolved against the
+  cwd when read, so the source reported (and anything linked from it) survives a chdir."""
+  monkeypatch.chdir(data_dir.parent)
+  relative = os.path.join(os.curdir, data_dir.name)
+  monkeypatch.setenv("JAXDP_DATA_DIR", relative)
+  env_dir = jd.env_data_dir()
+  assert env_dir.is_absolute() and env_dir.samefile(data_dir)
+  (tmp_path / "empty").mkdir()
+  for ds, where in ((jd.load("bank", tmp_path / "empty"), "$JAXDP_DATA_DIR="),
+                    (jd.load("bank", relative), "data_dir argument=")):
+    assert ds.info["source"].startswith(where), ds.info["source"]
+    reported = pathlib.Path(ds.info["source"][len(where):])
+    assert reported.is_absolute() and reported.samefile(data_dir), ds.info["source"]
+  # A link made from the resolved path still points at the data after leaving the folder.
+  (tmp_path / "link").symlink_to(env_dir / "bank-marketing")
+  monkeypatch.chdir(tmp_path)
+  assert jd.load("bank", tmp_path / "link").num_train == 36169
+  monkeypatch.delenv("JAXDP_DATA_DIR")
+  assert jd.env_data_dir() is None
+
+
 def test_bad_arguments():
   with pytest.raises(ValueError, match="name must be one of"):
     jd.load("cifar10")
