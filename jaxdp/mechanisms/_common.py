@@ -10,6 +10,19 @@ Two kinds of argument reach a mechanism:
 * *noise scales* (``scale``, ``stddev``, ``beta``) taken by the raw samplers and
   by report-noisy-max.  They may be traced arrays (so that one can ``jax.vmap``
   over them); when they are concrete they are checked eagerly too.
+
+Keys go through :func:`jaxdp._validation.check_key` (typed and legacy raw keys
+accepted; ints, ``None`` and other arrays refused naming ``key``). Data
+arguments (``value``, ``scores``, ``counts``) go through :func:`check_data`:
+when concrete, NaN/inf raise ``ValueError`` naming the argument. Under
+``jit``/``vmap`` with *traced* data that check cannot run, so the mechanisms
+make the bad case deterministic instead of leaking where the bad entries are:
+additive mechanisms return an all-NaN output when any entry of ``value`` is
+non-finite (:func:`poison_nonfinite`), argmax mechanisms return ``-1`` for a
+row containing NaN or ``+inf`` (:func:`invalid_rows_to_minus_one`). Either
+way the output no longer depends on the noise or on the finite entries, and
+never on the position of the bad entries; it reveals only the single bit
+"the input was not finite".
 """
 
 from __future__ import annotations
@@ -20,6 +33,9 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from jaxdp import _validation
+from jaxdp.errors import ArgumentTypeError
 
 Shape = int | Sequence[int]
 
@@ -41,6 +57,45 @@ def require_static(value: Any, name: str) -> None:
     )
 
 
+def check_key(key: Any, name: str = "key") -> Any:
+  """A single ``jax.random`` key (typed or legacy uint32); see :func:`jaxdp._validation.check_key`."""
+  return _validation.check_key(key, name)
+
+
+def check_data(x: Any, name: str, allow_neg_inf: bool = False) -> None:
+  """Refuses non-numeric/complex data, and NaN/inf in concrete data (``ValueError`` naming ``name``)."""
+  _validation.check_finite_if_concrete(x, name, allow_neg_inf=allow_neg_inf)
+
+
+def poison_nonfinite(value: jax.Array, out: jax.Array) -> jax.Array:
+  """``out``, or all-NaN when a *traced* ``value`` has a NaN/inf entry.
+
+  Concrete values were already refused by :func:`check_data`; this is the
+  deterministic fallback under ``jit``/``vmap``, where no error can be raised.
+  """
+  if not is_traced(value) or not jnp.issubdtype(value.dtype, jnp.floating):
+    return out
+  return jnp.where(jnp.all(jnp.isfinite(value)), out, jnp.asarray(jnp.nan, out.dtype))
+
+
+def invalid_rows_to_minus_one(scores: jax.Array, index: jax.Array) -> jax.Array:
+  """``index``, or ``-1`` for rows of a *traced* ``scores`` containing NaN or ``+inf``.
+
+  ``argmax`` would otherwise return the position of the first NaN/+inf entry
+  whatever the noise (a deterministic, data-revealing answer).
+  """
+  if not is_traced(scores) or not jnp.issubdtype(scores.dtype, jnp.floating):
+    return index
+  bad = jnp.any(jnp.isnan(scores) | (scores == jnp.inf), axis=-1)
+  return jnp.where(bad, jnp.asarray(-1, index.dtype), index)
+
+
+def check_dtype(dtype: Any) -> Any:
+  """Refuses a non-floating noise ``dtype`` (integer noise would be truncated)."""
+  _validation.check_float_dtype(dtype, "dtype")
+  return dtype
+
+
 def check_scale(
     scale: Any,
     name: str,
@@ -55,10 +110,15 @@ def check_scale(
   """
   if is_traced(scale):
     return
+  if scale is None or isinstance(scale, (bool, np.bool_, str, bytes)):
+    raise ArgumentTypeError(f"{name} must be a real number or array, got {scale!r}.")
   try:
-    arr = np.asarray(scale, dtype=np.float64)
+    arr = np.asarray(scale)
   except (TypeError, ValueError) as err:
-    raise ValueError(f"{name} must be a real number or array, got {scale!r}.") from err
+    raise ArgumentTypeError(f"{name} must be a real number or array, got {scale!r}.") from err
+  if arr.dtype.kind not in "iuf":
+    raise ArgumentTypeError(f"{name} must be a real number or array, got dtype {arr.dtype}.")
+  arr = arr.astype(np.float64)
   if np.any(np.isnan(arr)):
     raise ValueError(f"{name} must not be NaN.")
   low = "0 <=" if allow_zero else "0 <"
@@ -70,13 +130,11 @@ def check_scale(
 
 
 def normalize_shape(shape: Shape) -> tuple[int, ...]:
-  """Returns ``shape`` as a tuple of non-negative Python ints (static)."""
-  if isinstance(shape, (int, np.integer)):
-    shape = (int(shape),)
-  out = tuple(int(s) for s in shape)
-  if any(s < 0 for s in out):
-    raise ValueError(f"shape must have non-negative entries, got {shape!r}.")
-  return out
+  """Returns ``shape`` as a tuple of non-negative Python ints (static).
+
+  Floats, bools and strings are refused (``int(1.5)`` would silently give 1).
+  """
+  return _validation.check_shape(shape, "shape")
 
 
 def shape_size(shape: tuple[int, ...]) -> int:

@@ -69,14 +69,21 @@ def gumbel_max(key: jax.Array, logits: Any, axis: int = -1) -> jax.Array:
 
   ``argmax_i (logits_i + G_i)``, ``G_i`` i.i.d. standard Gumbel. Batched over
   every other axis (independent draws); ``-inf`` logits are never chosen.
-  Returns int32 indices with ``axis`` removed.
+  Returns int32 indices with ``axis`` removed. Concrete logits with NaN or
+  ``+inf`` raise ``ValueError``; traced ones give ``-1`` for such rows.
   """
+  _common.check_key(key)
+  _common.check_data(logits, "logits", allow_neg_inf=True)
+  traced = _common.is_traced(logits)
   logits = jnp.asarray(logits)
   dtype = _common.float_dtype_of(logits)
   # mode="highest" draws from 64 random bits, so the Gumbel tails (which decide
   # how unlikely a low-score class can be) are not cut short by float32.
   noise = jax.random.gumbel(key, logits.shape, dtype=dtype, mode="highest")
-  return jnp.argmax(logits.astype(dtype) + noise, axis=axis).astype(jnp.int32)
+  index = jnp.argmax(logits.astype(dtype) + noise, axis=axis).astype(jnp.int32)
+  if traced:
+    index = _common.invalid_rows_to_minus_one(jnp.moveaxis(logits, axis, -1), index)
+  return index
 
 
 def _check_beta(beta: Any) -> None:
@@ -84,6 +91,8 @@ def _check_beta(beta: Any) -> None:
 
 
 def _scaled_scores(scores: Any, beta: Any) -> jax.Array:
+  # -inf marks an excluded candidate (never chosen); NaN/+inf are refused.
+  _common.check_data(scores, "scores", allow_neg_inf=True)
   scores = jnp.asarray(scores)
   dtype = _common.float_dtype_of(scores)
   beta = _common.noise_scale_as(beta, dtype, round_up=False)  # never a larger beta than given
@@ -102,12 +111,19 @@ def exponential_mechanism(key: jax.Array, scores: Any, beta: Any) -> jax.Array:
 
   Args:
     key: a ``jax.random`` key, used once.
-    scores: utility scores, shape ``(..., C)``.
+    scores: utility scores, shape ``(..., C)``; ``-inf`` excludes a candidate
+      (that exclusion must not depend on the data). Concrete scores with NaN or
+      ``+inf`` raise ``ValueError``; traced ones give ``-1`` for such rows.
     beta: ``beta > 0`` (scalar or broadcastable to ``scores.shape[:-1]``); may
       be traced (vmap over it); concrete values are checked.
   """
+  _common.check_key(key)
   _check_beta(beta)
-  return gumbel_max(key, _scaled_scores(scores, beta), axis=-1)
+  traced = _common.is_traced(scores)
+  index = gumbel_max(key, _scaled_scores(scores, beta), axis=-1)
+  if traced:
+    index = _common.invalid_rows_to_minus_one(jnp.asarray(scores), index)
+  return index
 
 
 def exponential_mechanism_probs(scores: Any, beta: Any) -> jax.Array:
@@ -146,8 +162,15 @@ def exponential_mechanism_beta(epsilon: float, sensitivity: float = 1.0) -> floa
 
 
 def exponential_mechanism_event(
-    beta: float, sensitivity: float = 1.0
+    beta: float, sensitivity: float = 1.0,
+    *, neighbouring: str = "add_remove", unit: str = "example"
 ) -> _events.ExponentialMechanismDpEvent:
-  """DpEvent of one :func:`exponential_mechanism` draw (per row when batched)."""
+  """DpEvent of one :func:`exponential_mechanism` draw (per row when batched).
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
+  """
   b, s = _static_beta_sensitivity(beta, sensitivity)
-  return _events.ExponentialMechanismDpEvent(beta=b, sensitivity=s)
+  return _events.ExponentialMechanismDpEvent(beta=b, sensitivity=s, neighbouring=neighbouring, unit=unit)

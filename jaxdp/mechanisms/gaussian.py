@@ -64,6 +64,8 @@ def gaussian_noise(
     stddev: standard deviation ``sigma``.
     dtype: floating dtype of the result.
   """
+  _common.check_key(key)
+  _common.check_dtype(dtype)
   _common.check_scale(stddev, "stddev")
   shape = _common.normalize_shape(shape)
   stddev = _common.noise_scale_as(stddev, dtype, round_up=True)
@@ -71,10 +73,14 @@ def gaussian_noise(
 
 
 def _add_gaussian(key: jax.Array, value: Any, sigma: float) -> jax.Array:
+  # key and value are checked here, after the privacy parameters (by the caller).
+  _common.check_key(key)
+  _common.check_data(value, "value")
   value = jnp.asarray(value)
   dtype = _common.float_dtype_of(value)
   sigma = _common.round_scale_up(sigma, dtype)
-  return value.astype(dtype) + gaussian_noise(key, value.shape, sigma, dtype)
+  out = value.astype(dtype) + gaussian_noise(key, value.shape, sigma, dtype)
+  return _common.poison_nonfinite(value, out)
 
 
 def _static_args(**kwargs: Any) -> None:
@@ -128,6 +134,8 @@ def gaussian_mechanism(
   Args:
     key: a ``jax.random`` key, used once.
     value: the exact answer ``f(D)`` (integer values are promoted to float).
+      Concrete values with NaN/inf raise ``ValueError``; a traced ``value``
+      with a NaN/inf entry gives an all-NaN output.
     l2_sensitivity: ``Delta_2 > 0`` of the released quantity.
     epsilon: in (0, inf).
     delta: in (0, 1); ``delta = 0`` is impossible with Gaussian noise.
@@ -141,15 +149,21 @@ def gaussian_mechanism(
 
 
 def gaussian_mechanism_event(
-    l2_sensitivity: float, epsilon: float, delta: float
+    l2_sensitivity: float, epsilon: float, delta: float,
+    *, neighbouring: str = "add_remove", unit: str = "example"
 ) -> _events.GaussianDpEvent:
   """DpEvent of :func:`gaussian_mechanism`: ``GaussianDpEvent(sigma / Delta_2)``.
 
   The Gaussian event (not an ``ApproxDpEvent``) lets RDP/PLD accountants compose
   it tightly; for one use it is exactly ``(epsilon, delta)``-DP.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
   """
   sigma = _analytic_sigma(l2_sensitivity, epsilon, delta)
-  return _events.GaussianDpEvent(noise_multiplier=sigma / float(l2_sensitivity))
+  return _events.GaussianDpEvent(noise_multiplier=sigma / float(l2_sensitivity), neighbouring=neighbouring, unit=unit)
 
 
 # ---------------------------------------------------------------- classic
@@ -173,11 +187,18 @@ def classic_gaussian_mechanism(
 
 
 def classic_gaussian_mechanism_event(
-    l2_sensitivity: float, epsilon: float, delta: float
+    l2_sensitivity: float, epsilon: float, delta: float,
+    *, neighbouring: str = "add_remove", unit: str = "example"
 ) -> _events.GaussianDpEvent:
-  """DpEvent of :func:`classic_gaussian_mechanism`: ``GaussianDpEvent(sigma / Delta_2)``."""
+  """DpEvent of :func:`classic_gaussian_mechanism`: ``GaussianDpEvent(sigma / Delta_2)``.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
+  """
   sigma = _classic_sigma(l2_sensitivity, epsilon, delta)
-  return _events.GaussianDpEvent(noise_multiplier=sigma / float(l2_sensitivity))
+  return _events.GaussianDpEvent(noise_multiplier=sigma / float(l2_sensitivity), neighbouring=neighbouring, unit=unit)
 
 
 # ---------------------------------------------------------------- zCDP
@@ -200,12 +221,20 @@ def zcdp_gaussian_mechanism(
   return _add_gaussian(key, value, sigma)
 
 
-def zcdp_gaussian_mechanism_event(l2_sensitivity: float, rho: float) -> _events.GaussianDpEvent:
+def zcdp_gaussian_mechanism_event(
+    l2_sensitivity: float, rho: float,
+    *, neighbouring: str = "add_remove", unit: str = "example"
+) -> _events.GaussianDpEvent:
   """DpEvent of :func:`zcdp_gaussian_mechanism`.
 
   ``GaussianDpEvent(noise_multiplier = 1/sqrt(2 rho))``, which is exactly
   ``rho``-zCDP (a Gaussian with noise multiplier ``z`` is ``1/(2 z^2)``-zCDP)
   and lets RDP/PLD accountants compose it tightly.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
   """
   sigma = _zcdp_sigma(l2_sensitivity, rho)
-  return _events.GaussianDpEvent(noise_multiplier=sigma / float(l2_sensitivity))
+  return _events.GaussianDpEvent(noise_multiplier=sigma / float(l2_sensitivity), neighbouring=neighbouring, unit=unit)

@@ -50,6 +50,8 @@ def l2_laplace_radius(
   ``5.4 sqrt(d)/beta`` above its mean) and compiles slowly. Costs ``2d``
   random words.
   """
+  _common.check_key(key)
+  _common.check_dtype(dtype)
   shape = _common.normalize_shape(shape)
   dim = _common.shape_size(shape)
   gamma = _sampling.standard_gamma_integer(key, dim, dtype)
@@ -69,6 +71,8 @@ def uniform_direction(
   coordinate near 5.42, which makes the direction very slightly anisotropic)
   and is normalised in at least float32.
   """
+  _common.check_key(key)
+  _common.check_dtype(dtype)
   shape = _common.normalize_shape(shape)
   cdt = jnp.promote_types(dtype, jnp.float32)
   g = _sampling.standard_normal(key, shape, cdt)
@@ -97,6 +101,8 @@ def l2_laplace_noise(
     beta: inverse scale ``beta > 0``; ``E||b|| = d/beta``.
     dtype: floating dtype of the result.
   """
+  _common.check_key(key)
+  _common.check_dtype(dtype)
   _common.check_scale(beta, "beta", allow_zero=False, allow_inf=True)
   if not _common.is_traced(beta) and jnp.ndim(beta) != 0:
     raise ValueError(f"beta must be a scalar (vmap over it for several betas), got shape {jnp.shape(beta)}.")
@@ -131,16 +137,29 @@ def l2_laplace_mechanism(
   output perturbation). ``l2_sensitivity`` bounds ``||f(D) - f(D')||_2`` over
   the *whole* released array (Frobenius norm for a matrix): one radius is drawn
   for the whole ``value``, so never apply this row by row with the full budget.
-  Describe the release with :func:`l2_laplace_mechanism_event`.
+  Concrete values with NaN/inf raise ``ValueError``; a traced ``value`` with a
+  NaN/inf entry gives an all-NaN output. Describe the release with :func:`l2_laplace_mechanism_event`.
   """
+  _common.check_key(key)
   beta = l2_laplace_beta(l2_sensitivity, epsilon)
+  _common.check_data(value, "value")
   value = jnp.asarray(value)
   dtype = _common.float_dtype_of(value)
   beta = _common.round_inverse_scale_down(beta, dtype)
-  return value.astype(dtype) + l2_laplace_noise(key, value.shape, beta, dtype)
+  out = value.astype(dtype) + l2_laplace_noise(key, value.shape, beta, dtype)
+  return _common.poison_nonfinite(value, out)
 
 
-def l2_laplace_mechanism_event(l2_sensitivity: float, epsilon: float) -> _events.PureDpEvent:
-  """DpEvent of :func:`l2_laplace_mechanism`: ``PureDpEvent(epsilon)``."""
+def l2_laplace_mechanism_event(
+    l2_sensitivity: float, epsilon: float,
+    *, neighbouring: str = "add_remove", unit: str = "example"
+) -> _events.PureDpEvent:
+  """DpEvent of :func:`l2_laplace_mechanism`: ``PureDpEvent(epsilon)``.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
+  """
   l2_laplace_beta(l2_sensitivity, epsilon)  # validates
-  return _events.PureDpEvent(float(epsilon))
+  return _events.PureDpEvent(float(epsilon), neighbouring=neighbouring, unit=unit)

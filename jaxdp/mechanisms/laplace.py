@@ -50,6 +50,8 @@ def laplace_noise(
   Returns:
     An array of ``shape`` and ``dtype``.
   """
+  _common.check_key(key)
+  _common.check_dtype(dtype)
   _common.check_scale(scale, "scale")
   shape = _common.normalize_shape(shape)
   unit = _sampling.standard_laplace(key, shape, dtype)
@@ -87,26 +89,39 @@ def laplace_mechanism(
   Args:
     key: a ``jax.random`` key, used once.
     value: the exact answer ``f(D)`` (any shape; integer values are promoted to
-      float).
+      float). Concrete values with NaN/inf raise ``ValueError``; a traced
+      ``value`` with a NaN/inf entry gives an all-NaN output (see
+      :mod:`jaxdp.mechanisms._common`).
     l1_sensitivity: ``Delta_1 > 0``.
     epsilon: privacy parameter in (0, inf).
 
   Returns:
     ``value`` plus Laplace noise of scale ``Delta_1/epsilon``.
   """
+  _common.check_key(key)
   scale = laplace_scale(l1_sensitivity, epsilon)
+  _common.check_data(value, "value")
   value = jnp.asarray(value)
   dtype = _common.float_dtype_of(value)
   scale = _common.round_scale_up(scale, dtype)
-  return value.astype(dtype) + laplace_noise(key, value.shape, scale, dtype)
+  out = value.astype(dtype) + laplace_noise(key, value.shape, scale, dtype)
+  return _common.poison_nonfinite(value, out)
 
 
-def laplace_mechanism_event(l1_sensitivity: float, epsilon: float) -> _events.LaplaceDpEvent:
+def laplace_mechanism_event(
+    l1_sensitivity: float, epsilon: float, *, neighbouring: str = "add_remove",
+    unit: str = "example"
+) -> _events.LaplaceDpEvent:
   """The DpEvent of :func:`laplace_mechanism`.
 
   ``LaplaceDpEvent(noise_multiplier = b / Delta_1 = 1/epsilon)`` (dp_accounting
   convention: Laplace scale over L1 sensitivity), which the RDP/PLD accountants
   compose more tightly than the pure ``epsilon`` bound.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
   """
   scale = laplace_scale(l1_sensitivity, epsilon)
-  return _events.LaplaceDpEvent(noise_multiplier=scale / float(l1_sensitivity))
+  return _events.LaplaceDpEvent(noise_multiplier=scale / float(l1_sensitivity), neighbouring=neighbouring, unit=unit)

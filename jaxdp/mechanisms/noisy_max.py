@@ -53,7 +53,13 @@ VOTE_SWAP_L2_SENSITIVITY = math.sqrt(2.0)
 
 
 def _noisy_argmax(counts: jax.Array, noise: jax.Array) -> jax.Array:
-  return jnp.argmax(counts + noise, axis=-1).astype(jnp.int32)
+  index = jnp.argmax(counts + noise, axis=-1).astype(jnp.int32)
+  return _common.invalid_rows_to_minus_one(counts, index)
+
+
+def _check_counts(counts: Any) -> None:
+  # Concrete NaN/inf counts raise; traced ones give -1 rows (_noisy_argmax).
+  _common.check_data(counts, "counts")
 
 
 def _scale_for_batch(scale: Any, dtype: Any) -> jax.Array:
@@ -71,11 +77,14 @@ def report_noisy_max_laplace(key: jax.Array, counts: Any, scale: Any) -> jax.Arr
 
   Args:
     key: a ``jax.random`` key, used once.
-    counts: vote histogram(s), shape ``(..., C)``.
+    counts: vote histogram(s), shape ``(..., C)``. Concrete counts with NaN or
+      inf raise ``ValueError``; traced ones give ``-1`` for such rows.
     scale: Laplace scale ``b > 0`` (scalar or broadcastable to the batch shape);
       may be traced (vmap over it); concrete values are checked.
   """
+  _common.check_key(key)
   _common.check_scale(scale, "scale", allow_zero=False)
+  _check_counts(counts)
   counts = jnp.asarray(counts)
   dtype = _common.float_dtype_of(counts)
   counts = counts.astype(dtype)
@@ -90,7 +99,9 @@ def report_noisy_max_gaussian(key: jax.Array, counts: Any, stddev: Any) -> jax.A
   :func:`report_noisy_max_gaussian_event`. Batched like
   :func:`report_noisy_max_laplace`.
   """
+  _common.check_key(key)
   _common.check_scale(stddev, "stddev", allow_zero=False)
+  _check_counts(counts)
   counts = jnp.asarray(counts)
   dtype = _common.float_dtype_of(counts)
   counts = counts.astype(dtype)
@@ -113,12 +124,19 @@ def report_noisy_max_laplace_epsilon(
 
 
 def report_noisy_max_laplace_event(
-    scale: float, l1_sensitivity: float = VOTE_SWAP_L1_SENSITIVITY
+    scale: float, l1_sensitivity: float = VOTE_SWAP_L1_SENSITIVITY,
+    *, neighbouring: str = "add_remove", unit: str = "example"
 ) -> _events.LaplaceDpEvent:
-  """DpEvent of one LNMax answer: ``LaplaceDpEvent(noise_multiplier = scale / Delta_1)``."""
+  """DpEvent of one LNMax answer: ``LaplaceDpEvent(noise_multiplier = scale / Delta_1)``.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
+  """
   b = _static_positive(scale, "scale")
   s = _static_positive(l1_sensitivity, "l1_sensitivity")
-  return _events.LaplaceDpEvent(noise_multiplier=b / s)
+  return _events.LaplaceDpEvent(noise_multiplier=b / s, neighbouring=neighbouring, unit=unit)
 
 
 def report_noisy_max_gaussian_rho(
@@ -131,12 +149,18 @@ def report_noisy_max_gaussian_rho(
 
 
 def report_noisy_max_gaussian_event(
-    stddev: float, l2_sensitivity: float = VOTE_SWAP_L2_SENSITIVITY
+    stddev: float, l2_sensitivity: float = VOTE_SWAP_L2_SENSITIVITY,
+    *, neighbouring: str = "add_remove", unit: str = "example"
 ) -> _events.GaussianDpEvent:
   """DpEvent of one GNMax answer: ``GaussianDpEvent(noise_multiplier = stddev / Delta_2)``.
 
   With the default ``Delta_2 = sqrt(2)`` this is ``stddev / sqrt(2)``.
+
+  ``neighbouring`` (default ``"add_remove"``, dp_accounting's default) is the
+  relation the sensitivity was computed for, and ``unit`` the privacy unit;
+  both are carried into the event, so an accountant refuses to compose it
+  with events of another relation.
   """
   sigma = _static_positive(stddev, "stddev")
   s = _static_positive(l2_sensitivity, "l2_sensitivity")
-  return _events.GaussianDpEvent(noise_multiplier=sigma / s)
+  return _events.GaussianDpEvent(noise_multiplier=sigma / s, neighbouring=neighbouring, unit=unit)
