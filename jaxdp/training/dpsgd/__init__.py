@@ -10,16 +10,18 @@
 
 from jaxdp.training.dpsgd.clipping import ClippedGradFn, ClippedGradInfo, clipped_grad, per_layer_sensitivity
 from jaxdp.training.dpsgd.data_parallel import data_parallel_clipped_grad, make_data_mesh
-from jaxdp.training.dpsgd.sampling import (BatchOverflowError, PaddedBatch, PoissonSampler,
-                                           effective_sample_rate, pad_and_split, padded_batch_size,
+from jaxdp.training.dpsgd.sampling import (BatchOverflowError, MaskedBatch, PaddedBatch,
+                                           PoissonSampler, abort_delta, effective_sample_rate,
+                                           overflow_probability, pad_and_split, padded_batch_size,
                                            poisson_sample_indices)
 from jaxdp.training.dpsgd.train import DPSGDResult, accuracy, make_per_example_loss, train_dpsgd
 from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, dpsgd, noise_stddev, noisy_aggregate
 
 __all__ = [
-    "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "NoisyAggregateState",
-    "PaddedBatch", "PoissonSampler", "accuracy", "clipped_grad", "data_parallel_clipped_grad",
+    "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "MaskedBatch",
+    "NoisyAggregateState", "PaddedBatch", "PoissonSampler", "abort_delta", "accuracy",
+    "clipped_grad", "data_parallel_clipped_grad",
     "dp_optimizer", "dpsgd", "effective_sample_rate", "make_data_mesh", "make_per_example_loss", "noise_stddev",
-    "noisy_aggregate", "pad_and_split", "padded_batch_size", "per_layer_sensitivity",
+    "noisy_aggregate", "overflow_probability", "pad_and_split", "padded_batch_size", "per_layer_sensitivity",
     "poisson_sample_indices", "train_dpsgd",
 ]

@@ -23,6 +23,23 @@ has norm at most ``sqrt(sum_k c_k^2)``, which is the L2 sensitivity of the sum
 (McMahan et al. 2018, "A general approach to adding differential privacy to
 iterative training procedures", Section 3; the bound is the Pythagorean sum of
 the per-group bounds).
+
+Floating point: the bound must hold for the float32 numbers actually summed,
+not only in exact arithmetic. Gradients are clipped and summed in at least
+float32 (bfloat16/float16 per-example gradients are cast up first, exactly), and
+the computed norm can be a few ulps BELOW the true one, so ``min(1, c/||g||)``
+alone can leave a clipped norm a few ulps above c. The squared norm is
+therefore reduced in blocks of at most ``_BLOCK = 256`` terms (L levels), so in
+any summation order every term suffers at most ``E = 1 + L (B - 1) + (K - 1)``
+roundings (squaring, L block reductions, K leaves; unit roundoff
+``r = 2^-24``) and the computed norm satisfies
+``||g||_hat >= ||g|| (1 - r)^(E/2 + 1)`` (Higham, "Accuracy and Stability of
+Numerical Algorithms", 2nd ed., Section 4.2, Eq. 4.4, for sums of nonnegative
+terms, plus one rounding of the square root). The clip uses
+``c' = c (1 - r)^(E/2 + 1) / (1 + r)^2`` rounded down to float32 (the last
+factor covers the rounding of ``c'/||g||_hat`` and of the product), so the
+exact norm of every float32 clipped vector is ``<= c``. ``c' / c - 1`` is
+about ``-1e-5`` for a million parameters: a negligible change of the clip norm.
 """
 
 from __future__ import annotations
@@ -33,10 +50,15 @@ from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxdp import _validation
+from jaxdp.training.dpsgd.sampling import MaskedBatch
 
 PyTree = Any
+
+_BLOCK = 256  # at most this many terms per reduction in the norm (see module docstring)
+_UNIT_ROUNDOFF = 2.0 ** -24  # float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,17 +93,63 @@ jax.tree_util.register_dataclass(
 )
 
 
+def _compute_dtype(dtype: Any) -> Any:
+  """At least float32: bfloat16/float16 gradients are clipped and summed in float32."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def _upcast(tree: PyTree) -> PyTree:
+  return jax.tree.map(lambda g: g.astype(_compute_dtype(g.dtype)), tree)
+
+
+def _sum_squares(x: jax.Array) -> jax.Array:
+  """Sum of squares with every reduction over at most ``_BLOCK`` terms."""
+  v = jnp.square(x.astype(_compute_dtype(x.dtype))).reshape(-1)
+  while v.shape[0] > _BLOCK:
+    m = -(-v.shape[0] // _BLOCK)
+    v = jnp.pad(v, (0, m * _BLOCK - v.shape[0])).reshape(m, _BLOCK).sum(axis=1)
+  return jnp.sum(v)
+
+
+def _reduction_levels(size: int) -> int:
+  levels, n = 1, max(int(size), 1)
+  while n > _BLOCK:
+    n = -(-n // _BLOCK)
+    levels += 1
+  return levels
+
+
 def _global_norm(tree: PyTree) -> jax.Array:
   leaves = jax.tree.leaves(tree)
   if not leaves:
     return jnp.zeros((), jnp.float32)
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in leaves))
+  return jnp.sqrt(sum(_sum_squares(x) for x in leaves))
 
 
-def _clip_factor(norm: jax.Array, clip: float) -> jax.Array:
-  # min(1, c / ||g||); c / 0 = inf gives factor 1 (a zero gradient stays zero),
-  # and c = inf gives factor 1 (no clipping).
-  return jnp.minimum(1.0, clip / norm)
+def _safe_clip(clip: float, leaves: Sequence[Any]) -> float:
+  """Clip norm shrunk so the float32 clipped norm never exceeds ``clip`` (module docstring).
+
+  ``clip (1 - r)^(E/2 + 1) / (1 + r)^2`` with ``E = 1 + L (B - 1) + (K - 1)``,
+  evaluated in float64 and rounded down to float32. ``inf`` stays ``inf``.
+  """
+  if math.isinf(clip):
+    return clip
+  if not leaves:
+    return clip
+  r = _UNIT_ROUNDOFF
+  levels = max(_reduction_levels(math.prod(x.shape)) for x in leaves)
+  e = 1 + levels * (_BLOCK - 1) + (len(leaves) - 1)
+  target = clip * (1.0 - r) ** (e / 2.0 + 1.0) / (1.0 + r) ** 2 * (1.0 - 1e-15)
+  out = np.float32(target)
+  if float(out) > target:
+    out = np.nextafter(out, np.float32(0.0))
+  return float(out)
+
+
+def _clip_factor(norm: jax.Array, safe_clip: float) -> jax.Array:
+  # min(1, c' / ||g||); c' / 0 = inf gives factor 1 (a zero gradient stays zero),
+  # and c' = inf gives factor 1 (no clipping). c' is the float32-safe clip norm.
+  return jnp.minimum(jnp.asarray(1.0, norm.dtype), jnp.asarray(safe_clip, norm.dtype) / norm)
 
 
 class ClippedGradFn:
@@ -108,11 +176,48 @@ class ClippedGradFn:
     self.microbatch_size = microbatch_size
 
   def __call__(self, *args: Any, mask: jax.Array | None = None) -> tuple[PyTree, ClippedGradInfo]:
+    args, mask = unpack_masked_batch(args, mask, self.batch_argnums)
     return self._fn(*args, mask=mask)
 
   def __repr__(self) -> str:
     return (f"ClippedGradFn(sensitivity={self.sensitivity}, per_layer={self.per_layer}, "
             f"microbatch_size={self.microbatch_size})")
+
+
+def unpack_masked_batch(args: tuple, mask: Any, batch_argnums: Sequence[int]) -> tuple[tuple, Any]:
+  """``(params, MaskedBatch, *others)`` -> ``(params, *positional args), mask``.
+
+  The batch's arrays fill the ``batch_argnums`` positions (in increasing
+  order), the remaining arguments fill the other positions in order. Passing
+  ``mask=`` as well is an error: the batch carries its own mask.
+  """
+  where = [i for i, a in enumerate(args) if isinstance(a, MaskedBatch)]
+  if not where:
+    return tuple(args), mask
+  if where != [1]:
+    raise ValueError("pass at most one MaskedBatch, as the argument right after params "
+                     f"(found MaskedBatch at positions {where}).")
+  if mask is not None:
+    raise ValueError("mask= was given together with a MaskedBatch, which carries its own mask; "
+                     "pass only the MaskedBatch.")
+  batch = args[1]
+  positions = sorted(batch_argnums)
+  if len(batch.arrays) != len(positions):
+    raise ValueError(f"the MaskedBatch holds {len(batch.arrays)} arrays but the function has "
+                     f"batch_argnums={tuple(batch_argnums)} ({len(positions)} batch arguments).")
+  others = list(args[2:])
+  total = 1 + len(positions) + len(others)
+  if positions[-1] >= total:
+    raise ValueError(f"batch_argnums={tuple(batch_argnums)} needs more positional arguments "
+                     f"than the {len(others)} given after the MaskedBatch.")
+  full: list[Any] = [args[0]] + [None] * (total - 1)
+  for pos, arr in zip(positions, batch.arrays):
+    full[pos] = arr
+  rest = iter(others)
+  for pos in range(1, total):
+    if pos not in positions:
+      full[pos] = next(rest)
+  return tuple(full), batch.mask
 
 
 def _check_clip_norms(l2_clip_norm: Any, per_layer: bool) -> tuple[Any, float]:
@@ -176,6 +281,19 @@ def clipped_grad(
   respect to argument 0 (``params``). Masked slots contribute exactly zero (even
   if their gradient is NaN), which is how padded Poisson batches are handled.
 
+  Padded batches: call it as ``f(params, chunk.gather(x, y))`` with a
+  :class:`~jaxdp.training.dpsgd.sampling.MaskedBatch` (what
+  ``PaddedBatch.gather`` returns) in place of the batch arguments; the mask
+  travels with the batch, so it cannot be forgotten (padding slots repeat
+  example 0, and summing them unmasked would break the sensitivity). Giving
+  ``mask=`` as well raises ``ValueError``. A plain array batch without
+  ``mask`` means every row is a real example.
+
+  Precision: per-example gradients are clipped and summed in at least float32
+  (bfloat16/float16 params give a float32 ``grad_sum``), with the clip norm
+  shrunk by a few float32 ulps so that every clipped vector has norm at most
+  ``l2_clip_norm`` exactly (module docstring).
+
   Args:
     loss_fn: per-example loss ``(params, *args) -> scalar`` (or
       ``(scalar, aux)`` with ``has_aux=True``).
@@ -207,7 +325,8 @@ def clipped_grad(
 
   Returns:
     A :class:`ClippedGradFn` with ``.sensitivity``. Its output ``grad_sum`` has
-    the structure of ``params``; its ``info`` is a :class:`ClippedGradInfo`.
+    the structure of ``params`` (dtype at least float32); its ``info`` is a
+    :class:`ClippedGradInfo`.
 
   With flat clipping and nu = 2 the sensitivity is nu:
 
@@ -245,28 +364,32 @@ def clipped_grad(
     return loss, aux, grads
 
   def clip_one(grads: PyTree) -> tuple[PyTree, jax.Array, jax.Array]:
-    """Returns (clipped grads, global pre-clip norm, whether scaled down)."""
+    """Returns (clipped grads, global pre-clip norm, whether scaled down).
+
+    In at least float32, with the float32-safe clip norm (module docstring).
+    """
+    grads = _upcast(grads)
     norm = _global_norm(grads)
     if not per_layer:
-      factor = _clip_factor(norm, clip_spec)
-      clipped = jax.tree.map(lambda g: (g * factor).astype(g.dtype), grads)
+      factor = _clip_factor(norm, _safe_clip(clip_spec, jax.tree.leaves(grads)))
+      clipped = jax.tree.map(lambda g: g * factor.astype(g.dtype), grads)
       return clipped, norm, factor < 1.0
     if even_split:
       leaves, treedef = jax.tree.flatten(grads)
       c = clip_spec / math.sqrt(max(len(leaves), 1))
       out, scaled = [], []
       for g in leaves:
-        f = _clip_factor(_global_norm(g), c)
-        out.append((g * f).astype(g.dtype))
+        f = _clip_factor(_global_norm(g), _safe_clip(c, [g]))
+        out.append(g * f.astype(g.dtype))
         scaled.append(f < 1.0)
       any_scaled = jnp.any(jnp.stack(scaled)) if scaled else jnp.array(False)
       return jax.tree.unflatten(treedef, out), norm, any_scaled
     scaled = []
 
     def clip_group(c, sub):
-      f = _clip_factor(_global_norm(sub), c)
+      f = _clip_factor(_global_norm(sub), _safe_clip(c, jax.tree.leaves(sub)))
       scaled.append(f < 1.0)
-      return jax.tree.map(lambda g: (g * f).astype(g.dtype), sub)
+      return jax.tree.map(lambda g: g * f.astype(g.dtype), sub)
 
     try:
       clipped = jax.tree.map(clip_group, clip_spec, grads)
@@ -281,7 +404,7 @@ def clipped_grad(
     clipped, norm, was_scaled = clip_one(grads)
     keep = m > 0
     clipped = jax.tree.map(lambda g: jnp.where(keep, g, jnp.zeros_like(g)), clipped)
-    loss = jnp.where(keep, loss, 0.0)
+    loss = jnp.where(keep, loss.astype(_compute_dtype(loss.dtype)), 0.0)
     norm = jnp.where(keep, norm, 0.0)
     was_scaled = jnp.logical_and(keep, was_scaled)
     return clipped, loss, norm, was_scaled, aux
@@ -290,8 +413,9 @@ def clipped_grad(
     loss, aux, grads = value_and_grad_one(params, *args)
     norm = _global_norm(grads)
     keep = m > 0
-    factor = jnp.where(keep, _clip_factor(norm, clip_spec), 0.0)
+    factor = jnp.where(keep, _clip_factor(norm, _safe_clip(clip_spec, jax.tree.leaves(grads))), 0.0)
     was_scaled = jnp.logical_and(keep, factor < 1.0)
+    loss = loss.astype(_compute_dtype(loss.dtype))
     return factor, jnp.where(keep, loss, 0.0), jnp.where(keep, norm, 0.0), was_scaled, aux
 
   def chunk_sums_reweight(params, mask, args):
@@ -321,6 +445,12 @@ def clipped_grad(
     return gsum, jnp.sum(loss), norm, jnp.sum(was_scaled.astype(jnp.int32)), aux
 
   def fn(*args, mask=None):
+    if method == "reweight" and any(
+        jnp.finfo(_compute_dtype(leaf.dtype)).bits > jnp.finfo(leaf.dtype).bits
+        for leaf in jax.tree.leaves(args[0]) if jnp.issubdtype(leaf.dtype, jnp.floating)):
+      raise ValueError("method='reweight' needs float32 (or wider) params: its clipped sum comes "
+                       "from one backward pass in the params' dtype, so bfloat16/float16 params "
+                       "would round the clipped gradients; use method='vmap'.")
     if len(args) < 1 + max(batch_argnums):
       raise ValueError(f"expected at least {1 + max(batch_argnums)} positional arguments "
                        f"(params and batch_argnums={batch_argnums}), got {len(args)}.")
@@ -369,7 +499,8 @@ def clipped_grad(
         acc = jax.tree.map(jnp.add, acc, gsum_c)
         return (acc, loss_acc + loss_c, clip_acc + n_c), (norms_c, aux_c)
 
-      zeros = jax.tree.map(jnp.zeros_like, params)
+      zeros = jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), _compute_dtype(jnp.result_type(p))),
+                           params)
       (gsum, loss_sum, n_clipped), (norms, aux) = jax.lax.scan(
           body, (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32)),
           (mask_c, *[chunked[i] for i in batched_idx]))

@@ -26,9 +26,22 @@ batch (which would silently drop examples and break the Poisson model):
   batch's sum, so the accountant's assumption holds with no extra delta. This
   is also how gradient accumulation over a large logical batch works.
 * ``on_overflow="raise"``: :class:`BatchOverflowError` is raised before any
-  gradient of that batch is computed. Aborting reveals that a batch was large,
-  an event of probability <= ``overflow_prob`` per step; a conservative
-  guarantee adds ``steps * overflow_prob`` to delta.
+  gradient of that batch is computed. The abort IS a privacy event: whether a
+  batch overflows depends on its size, which differs between add/remove
+  neighbours, so the abort (and the step at which it happens) leaks. Let M be
+  the exact ("split") mechanism, (epsilon, delta)-DP, and M' the aborting one.
+  M' differs from M only on the event E = "some step overflows", whose
+  probability under the dataset or any add/remove neighbour (at most N + 1
+  examples) is at most ``eta = steps * p`` with
+  ``p = Pr[Binomial(N + 1, q) > P]`` (:func:`overflow_probability`, exact in
+  float64 with scipy's ``binom.sf``; union bound over the steps). Coupling M
+  and M' on the same randomness gives, for every output set S,
+  ``Pr[M'(D) in S] <= Pr[M(D) in S] + eta <= e^eps Pr[M(D') in S] + delta + eta
+  <= e^eps Pr[M'(D') in S] + delta + (1 + e^eps) eta``, so M' is
+  ``(epsilon, delta + (1 + e^epsilon) * steps * p)``-DP
+  (:func:`abort_delta`). The ``e^epsilon`` factor is needed in general: the
+  abort can remove probability mass from exactly the outputs that the
+  neighbour favours.
 
 Resampling an oversized batch is NOT offered: it conditions the sample on its
 size and changes the mechanism the accountant analyses.
@@ -36,8 +49,9 @@ size and changes the mechanism the accountant analyses.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -50,20 +64,70 @@ class BatchOverflowError(RuntimeError):
   """A Poisson batch exceeded the padded size with ``on_overflow="raise"``."""
 
 
+@dataclasses.dataclass(frozen=True)
+class MaskedBatch:
+  """Batched arguments of a clipped-gradient function together with their mask.
+
+  What :meth:`PaddedBatch.gather` returns and what a :func:`clipped_grad`
+  function accepts in place of its batch arguments: the mask travels with the
+  padded arrays, so a padded chunk cannot be summed without it (padding slots
+  repeat example 0; summing them would count one example many times and break
+  the sensitivity). A pytree (jit/vmap/shard_map friendly).
+
+  Attributes:
+    arrays: tuple with one entry per ``batch_argnums`` position of the
+      clipped-gradient function, in that order; every leaf has leading axis P.
+    mask: (P,) bool or 0/1, true for real examples.
+  """
+
+  arrays: tuple
+  mask: Any
+
+  def __post_init__(self):
+    if not isinstance(self.arrays, tuple):
+      object.__setattr__(self, "arrays", tuple(self.arrays) if isinstance(self.arrays, list)
+                         else (self.arrays,))
+
+
+jax.tree_util.register_dataclass(MaskedBatch, data_fields=["arrays", "mask"], meta_fields=[])
+
+
 class PaddedBatch(NamedTuple):
   """One static-shape chunk of a Poisson batch.
 
+  Use :meth:`gather` to build the (padded) batch: it returns a
+  :class:`MaskedBatch` that carries the mask into :func:`clipped_grad`.
+
   Attributes:
-    indices: (P,) int32 example indices; padding slots hold index 0.
+    padded_indices: (P,) int32 example indices; padding slots hold index 0
+      (a real example, so every gathered input is finite) and MUST be masked.
     mask: (P,) bool, True for real examples.
   """
 
-  indices: np.ndarray
+  padded_indices: np.ndarray
   mask: np.ndarray
+
+  @property
+  def indices(self) -> np.ndarray:
+    """The sampled example indices only (no padding; variable length)."""
+    return self.padded_indices[self.mask]
 
   @property
   def num_examples(self) -> int:
     return int(self.mask.sum())
+
+  def gather(self, *arrays: Any) -> MaskedBatch:
+    """``MaskedBatch((a[padded_indices] for a in arrays), mask)``: a static-shape batch.
+
+    Each argument is an array (or pytree of arrays) with the dataset on its
+    leading axis, one per ``batch_argnums`` position of the clipped-gradient
+    function, e.g. ``chunk.gather(x, y)``.
+    """
+    if not arrays:
+      raise ValueError("gather needs at least one array (the dataset on the leading axis).")
+    idx = self.padded_indices
+    taken = tuple(jax.tree.map(lambda a: a[idx], a) for a in arrays)
+    return MaskedBatch(taken, self.mask)
 
 
 def padded_batch_size(num_examples: int, sample_rate: float, overflow_prob: float = 1e-9,
@@ -94,6 +158,52 @@ def padded_batch_size(num_examples: int, sample_rate: float, overflow_prob: floa
   return int(math.ceil(k / m) * m)
 
 
+def overflow_probability(num_examples: int, sample_rate: float, padded_size: int) -> float:
+  """Per-step abort probability ``p = Pr[Binomial(N + 1, q) > P]`` (float64, scipy).
+
+  The probability that a Poisson batch of the dataset (N examples) or of any
+  add/remove neighbour (at most N + 1 examples) exceeds the padded size P;
+  the binomial tail is increasing in N, so N + 1 bounds both. Computed with
+  ``scipy.stats.binom.sf`` at the nominal q (the sampler's effective rate is
+  at most q, and the tail is increasing in q).
+
+  >>> overflow_probability(100, 0.1, 100)
+  0.0
+  """
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  q = _validation.check_sample_rate(sample_rate)
+  p = _validation.check_positive_int(padded_size, "padded_size")
+  return float(stats.binom.sf(p, n + 1, q))
+
+
+def abort_delta(overflow_prob_per_step: float, steps: int, epsilon: float) -> float:
+  """Extra delta of aborting on overflow: ``(1 + e^epsilon) * steps * p``.
+
+  ``epsilon`` is the guarantee of the exact (never aborting) mechanism at its
+  delta; the aborting mechanism is ``(epsilon, delta + abort_delta)``-DP (see
+  the module docstring for the coupling argument; ``steps * p`` is the union
+  bound on the probability of any abort). Returns 0 when ``p = 0`` and ``inf``
+  when ``e^epsilon`` overflows.
+
+  >>> abort_delta(1e-12, 100, 0.0)
+  2e-10
+  """
+  p = _validation._as_float(overflow_prob_per_step, "overflow_prob_per_step")
+  if not 0.0 <= p <= 1.0:
+    raise ValueError(f"overflow_prob_per_step must be in [0, 1], got {p}.")
+  t = _validation.check_positive_int(steps, "steps")
+  eps = _validation._as_float(epsilon, "epsilon")
+  if not eps >= 0.0:
+    raise ValueError(f"epsilon must be >= 0 (inf allowed), got {eps}.")
+  if p == 0.0:
+    return 0.0
+  try:
+    factor = 1.0 + math.exp(eps)
+  except OverflowError:
+    return math.inf
+  return factor * t * p
+
+
 def poisson_sample_indices(key: jax.Array, num_examples: int, sample_rate: float) -> np.ndarray:
   """Indices of a Poisson sample: each example kept independently w.p. q.
 
@@ -106,6 +216,7 @@ def poisson_sample_indices(key: jax.Array, num_examples: int, sample_rate: float
   sampling than the accountant is told. Rounding down is conservative
   (amplification by sampling is monotone in q). Returned as host int32.
   """
+  _validation.check_key(key)
   n = _validation.check_positive_int(num_examples, "num_examples")
   q = _validation.check_sample_rate(sample_rate)
   if q == 1.0:
@@ -184,6 +295,16 @@ class PoissonSampler:
   def expected_batch_size(self) -> float:
     """q N: the constant the noisy sum is divided by."""
     return self.sample_rate * self.num_examples
+
+  @property
+  def overflow_probability(self) -> float:
+    """Per-step ``Pr[Binomial(N + 1, q) > P]`` (see :func:`overflow_probability`).
+
+    With ``on_overflow="raise"`` the aborting mechanism costs
+    :func:`abort_delta` ``(p, steps, epsilon)`` extra delta; with ``"split"``
+    nothing.
+    """
+    return overflow_probability(self.num_examples, self.sample_rate, self.padded_size)
 
   def sample(self, key: jax.Array) -> list[PaddedBatch]:
     """One Poisson batch as a list of padded chunks (at least one)."""

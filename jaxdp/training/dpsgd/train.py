@@ -13,10 +13,16 @@ T = ceil(epochs / q) steps:
 
 The noise multiplier sigma is either given or calibrated to a target
 (epsilon, delta) with :func:`jaxdp.accounting.dpsgd.calibrate_noise_multiplier`
-for exactly (q, T); the spent epsilon is reported by the same accountant and
-the event ``dpsgd_event(sigma, q, steps_run)`` (T-fold composition of the
-Poisson-subsampled Gaussian) is spent on the shared ``PrivacyAccountant``.
+for exactly (q, T); the spent epsilon is reported by the same accountant.
 The accounting is in float64 (dp_accounting), never in JAX.
+
+Reservation: the PLANNED event ``dpsgd_event(sigma, q, T)`` (T-fold
+composition of the Poisson-subsampled Gaussian) is spent on the accountant
+BEFORE the first step and never refunded. Everything released during training
+(evaluations, checkpoints, the parameters of a run killed half-way) is covered
+by it, a run that crashes or is killed has already paid, and two runs sharing
+one ``PrivacyBudget`` cannot both pass its check (``spend`` is atomic: the
+second reservation raises ``BudgetExceededError`` before any training).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import optax
 from jaxdp import _validation
 from jaxdp.accounting import dpsgd as dpsgd_accounting
 from jaxdp.accounting import events
+from jaxdp.errors import BudgetExceededError
 from jaxdp.training.dpsgd import clipping, sampling, transforms
 
 PyTree = Any
@@ -47,7 +54,7 @@ class DPSGDResult:
     params: trained parameters (for nnx models, also written back into the module).
     noise_multiplier: sigma used (noise std on the clipped sum = sigma * sensitivity).
     epsilon: epsilon spent at ``delta`` by ``steps`` steps (inf when sigma = 0).
-    delta: target delta.
+    delta: total delta of the guarantee: the target delta plus ``overflow_delta``.
     steps: DP-SGD steps run.
     sample_rate: Poisson rate q.
     expected_batch_size: q N, the divisor of the noisy sum.
@@ -56,6 +63,10 @@ class DPSGDResult:
     history: per-evaluation dicts (step, epoch, epsilon, loss, and eval metrics).
     accountant: the accountant the event was spent on (or None).
     seconds: wall-clock training time.
+    overflow_delta: extra delta of aborting on overflow
+      (``on_overflow="raise"``): ``(1 + e^epsilon) * steps * p`` with
+      ``p = Pr[Binomial(N + 1, q) > P]`` (:func:`.sampling.abort_delta`); 0 for
+      ``"split"``.
   """
 
   params: PyTree
@@ -70,6 +81,7 @@ class DPSGDResult:
   history: list[dict[str, float]]
   accountant: Any
   seconds: float
+  overflow_delta: float = 0.0
 
 
 def _model_apply(model: Any, params: PyTree | None, init_key: jax.Array,
@@ -171,6 +183,7 @@ def train_dpsgd(
     physical_batch_size: int | None = None,
     overflow_prob: float = 1e-9,
     on_overflow: str = "split",
+    max_overflow_delta_fraction: float = 0.1,
     accountant_method: str = "rdp",
     accountant: Any = "default",
     mesh: Any = None,
@@ -189,9 +202,20 @@ def train_dpsgd(
   the accounting relies on: q and the divisor ``q N`` are computed from
   ``N = len(y)``, i.e. the dataset size is treated as public (as in Opacus and
   TF Privacy; strictly, under add/remove both should be constants fixed before
-  seeing the data); with ``on_overflow="raise"`` an abort (probability <=
-  ``overflow_prob`` per step) is not in the spent event: add
-  ``steps * overflow_prob`` to delta (see :mod:`.sampling`).
+  seeing the data); with ``on_overflow="raise"`` an abort is itself a release
+  (it reveals a large batch): the guarantee is
+  ``(epsilon, delta + (1 + e^epsilon) * steps * p)`` with
+  ``p = Pr[Binomial(N + 1, q) > P]`` (see :mod:`.sampling`), reported in
+  ``result.delta`` / ``result.overflow_delta``; a P for which that extra term
+  exceeds ``max_overflow_delta_fraction * delta`` is refused before anything
+  is spent. The event spent on the accountant is the exact (non-aborting)
+  DP-SGD event; the abort term is not in the ledger (it is bounded by
+  ``max_overflow_delta_fraction * delta``).
+
+  Budget: the planned event for all T steps is spent on ``accountant`` before
+  the first step (a ``PrivacyBudget`` that cannot afford it raises
+  ``BudgetExceededError`` and nothing is trained) and is not refunded if the
+  run stops early.
 
   Args:
     model: a ``flax.linen.Module`` (``params`` optional; initialised from
@@ -216,6 +240,9 @@ def train_dpsgd(
       batch larger than P is processed as several chunks before ONE noisy
       update). Default: the binomial bound at ``overflow_prob``.
     on_overflow: ``"split"`` or ``"raise"`` (see :mod:`.sampling`).
+    max_overflow_delta_fraction: with ``on_overflow="raise"``, refuse (ValueError)
+      a padded size whose abort delta ``(1 + e^epsilon) * steps * p`` exceeds
+      this fraction of ``delta``.
     accountant_method: ``"rdp"`` or ``"pld"``.
     accountant: a ``PrivacyAccountant`` (anything with ``spend(event, count)``)
       to record the DP-SGD event on; ``"default"`` makes a fresh one; ``None``
@@ -224,6 +251,7 @@ def train_dpsgd(
     eval_fn: ``params -> dict`` of metrics, run every ``eval_every`` steps and at the end.
     progress: show a tqdm bar.
   """
+  _validation.check_key(key)
   n = int(len(y))
   _validation.check_positive_int(n, "len(y)")
   if (sample_rate is None) == (expected_batch_size is None):
@@ -245,14 +273,9 @@ def train_dpsgd(
     sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
   if accountant == "default":
     accountant = _default_accountant()
-  if accountant is not None and hasattr(accountant, "can_spend"):
-    planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps) if sigma > 0
-               else events.NonPrivateDpEvent())
-    if not accountant.can_spend(planned):
-      from jaxdp.errors import BudgetExceededError
-      raise BudgetExceededError(
-          f"DP-SGD ({steps} steps, q={q}, noise_multiplier={sigma}) would exceed the budget; "
-          "nothing was trained or spent.")
+  frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
+  if not 0.0 < frac <= 1.0:
+    raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
 
   init_key, sample_key, noise_key = jax.random.split(key, 3)
   x = jnp.asarray(x)
@@ -274,6 +297,32 @@ def train_dpsgd(
   sensitivity = grad_fn.sensitivity
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
+  overflow_delta = 0.0
+  if on_overflow == "raise" and sigma > 0:
+    p_abort = sampler.overflow_probability
+    eps_planned = dpsgd_accounting.dpsgd_epsilon(sigma, q, steps, delta, accountant_method)
+    overflow_delta = sampling.abort_delta(p_abort, steps, eps_planned)
+    if not overflow_delta <= frac * delta:
+      allowed = frac * delta / (steps * (1.0 + math.exp(min(eps_planned, 700.0))))
+      needed = sampling.padded_batch_size(n + 1, q, allowed, n_dev) if allowed > 0 else n + 1
+      raise ValueError(
+          f"on_overflow='raise' with padded size P={sampler.padded_size} (physical_batch_size / "
+          f"overflow_prob) aborts with probability p={p_abort:.3g} per step, adding "
+          f"(1 + e^eps) * steps * p = {overflow_delta:.3g} to delta, more than "
+          f"max_overflow_delta_fraction * delta = {frac * delta:.3g}; use P >= {needed} "
+          f"(overflow_prob <= {allowed:.3g}) or on_overflow='split' (exact, no extra delta). "
+          "Nothing was trained or spent.")
+
+  # Reserve the planned event BEFORE the first step; no refund if the run stops.
+  if accountant is not None:
+    planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps) if sigma > 0
+               else events.NonPrivateDpEvent())
+    try:
+      accountant.spend(planned)
+    except BudgetExceededError as err:
+      raise BudgetExceededError(
+          f"DP-SGD ({steps} steps, q={q}, noise_multiplier={sigma}) would exceed the budget; "
+          f"nothing was trained or spent. ({err})") from err
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
   tx = optax.chain(
       transforms.noisy_aggregate(sigma, sensitivity, sampler.expected_batch_size, noise_key), base)
@@ -281,17 +330,19 @@ def train_dpsgd(
 
   @jax.jit
   def accumulate(params, acc, xs, ys, idx, mask):
-    g, info = grad_fn(params, xs[idx], ys[idx], mask=mask)
+    g, info = grad_fn(params, sampling.MaskedBatch((xs[idx], ys[idx]), mask))
     return jax.tree.map(jnp.add, acc, g), info.loss_sum
 
   @jax.jit
   def final(params, opt_state, acc, xs, ys, idx, mask):
-    g, info = grad_fn(params, xs[idx], ys[idx], mask=mask)
+    g, info = grad_fn(params, sampling.MaskedBatch((xs[idx], ys[idx]), mask))
     g = jax.tree.map(jnp.add, acc, g)
     updates, opt_state = tx.update(g, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, info.loss_sum
 
-  zeros = jax.tree.map(jnp.zeros_like, params)
+  # The clipped sums are at least float32 (clipping.clipped_grad), also for bf16 params.
+  zeros = jax.tree.map(
+      lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(jnp.result_type(p), jnp.float32)), params)
   history: list[dict[str, float]] = []
   step_keys = jax.random.split(sample_key, steps)
   iterator = range(steps)
@@ -309,33 +360,25 @@ def train_dpsgd(
       return math.inf
     return dpsgd_accounting.dpsgd_epsilon(sigma, q, t, delta, accountant_method)
 
-  try:
-    for t in iterator:
-      chunks = sampler.sample(step_keys[t])
-      acc = zeros
-      loss_sum = jnp.zeros(())
-      for c in chunks[:-1]:
-        acc, ls = accumulate(params, acc, x, y, jnp.asarray(c.indices), jnp.asarray(c.mask))
-        loss_sum = loss_sum + ls
-      last = chunks[-1]
-      params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(last.indices),
-                                    jnp.asarray(last.mask))
-      steps_run = t + 1
-      loss_acc += float(loss_sum + ls)
-      count_acc += sum(c.num_examples for c in chunks)
-      if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
-        rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
-               "train_loss": loss_acc / max(count_acc, 1)}
-        rec.update(eval_fn(params))
-        history.append(rec)
-        loss_acc, count_acc = 0.0, 0
-  finally:
-    # Spend what actually ran, even if training was interrupted.
-    if accountant is not None and steps_run > 0:
-      if sigma > 0:
-        accountant.spend(dpsgd_accounting.dpsgd_event(sigma, q, steps_run))
-      else:  # noise-free training is not private: record it as such.
-        accountant.spend(events.NonPrivateDpEvent())
+  for t in iterator:
+    chunks = sampler.sample(step_keys[t])
+    acc = zeros
+    loss_sum = jnp.zeros(())
+    for c in chunks[:-1]:
+      acc, ls = accumulate(params, acc, x, y, jnp.asarray(c.padded_indices), jnp.asarray(c.mask))
+      loss_sum = loss_sum + ls
+    last = chunks[-1]
+    params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(last.padded_indices),
+                                  jnp.asarray(last.mask))
+    steps_run = t + 1
+    loss_acc += float(loss_sum + ls)
+    count_acc += sum(c.num_examples for c in chunks)
+    if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
+      rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
+             "train_loss": loss_acc / max(count_acc, 1)}
+      rec.update(eval_fn(params))
+      history.append(rec)
+      loss_acc, count_acc = 0.0, 0
   seconds = time.perf_counter() - t0
   eps = epsilon_after(steps_run)
   rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": eps,
@@ -344,7 +387,9 @@ def train_dpsgd(
     rec.update(eval_fn(params))
   history.append(rec)
   write_back(params)
-  return DPSGDResult(params=params, noise_multiplier=float(sigma), epsilon=eps, delta=delta,
-                     steps=steps_run, sample_rate=q, expected_batch_size=sampler.expected_batch_size,
+  return DPSGDResult(params=params, noise_multiplier=float(sigma), epsilon=eps,
+                     delta=delta + overflow_delta, steps=steps_run, sample_rate=q,
+                     expected_batch_size=sampler.expected_batch_size,
                      sensitivity=float(sensitivity), padded_size=sampler.padded_size,
-                     history=history, accountant=accountant, seconds=seconds)
+                     history=history, accountant=accountant, seconds=seconds,
+                     overflow_delta=overflow_delta)

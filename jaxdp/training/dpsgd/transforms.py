@@ -68,6 +68,11 @@ def noise_stddev(noise_multiplier: float, l2_sensitivity: float) -> float:
   return sigma * s
 
 
+def _compute_dtype(dtype) -> np.dtype:
+  """At least float32 (bfloat16/float16 sums are noised in float32)."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
 def _round_up(value: float, dtype) -> np.ndarray:
   # The float64 noise scale cast to the gradient dtype, rounded UP (never less
   # noise than calibrated; round-to-nearest could shave half an ulp).
@@ -88,7 +93,9 @@ def noisy_aggregate(
 
   ``update(grad_sum, state)`` returns ``(grad_sum + z) / expected_batch_size``
   with ``z ~ N(0, (noise_multiplier * l2_sensitivity)^2 I)`` drawn fresh per
-  step from the state key (paper 000 Section 3.1 Equation 4 with the
+  step from the state key, computed and returned in at least float32 (a
+  bfloat16/float16 sum is cast up first; ``optax.apply_updates`` casts the
+  update back to the params' dtype, which is post-processing) (paper 000 Section 3.1 Equation 4 with the
   normaliser ``|B|`` replaced by the constant expected batch size ``q N``; see
   the module docstring for why). Chain it before any optax optimiser: the
   optimiser only post-processes the private average.
@@ -101,8 +108,7 @@ def noisy_aggregate(
   """
   std = noise_stddev(noise_multiplier, l2_sensitivity)
   denom = _validation.check_positive(expected_batch_size, "expected_batch_size")
-  if not isinstance(key, jax.Array):
-    raise ValueError("key must be a jax.random key (jax.Array), e.g. jax.random.key(0).")
+  _validation.check_key(key)
 
   def init_fn(params):
     del params
@@ -116,8 +122,10 @@ def noisy_aggregate(
     noised = [
         # jaxdp.mechanisms.gaussian_noise has full float32 tails (jax.random.normal
         # stops near 5.4 sigma, which breaks the density-ratio argument at the edge).
-        ((g + mechanisms.gaussian_noise(k, g.shape, _round_up(std, g.dtype), g.dtype)) / denom
-        ).astype(g.dtype)
+        # At least float32: a bfloat16 sum is cast up exactly, and the noise is never
+        # drawn or added on the bfloat16 grid (8 bits of mantissa would quantise it).
+        (g.astype(_compute_dtype(g.dtype)) + mechanisms.gaussian_noise(
+            k, g.shape, _round_up(std, _compute_dtype(g.dtype)), _compute_dtype(g.dtype))) / denom
         for g, k in zip(leaves, keys)
     ]
     return jax.tree.unflatten(treedef, noised), NoisyAggregateState(next_key, state.count + 1)

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from jaxdp import models
-from jaxdp.training.dpsgd import clipping
+from jaxdp.training.dpsgd import clipping, sampling
 
 
 def _setup(batch=9, seed=0):
@@ -29,6 +29,10 @@ def _setup(batch=9, seed=0):
 def _loop_clipped_sum(loss, params, x, y, clip, mask=None):
   total = jax.tree.map(jnp.zeros_like, params)
   grad = jax.jit(jax.grad(loss))  # compiled once; the loop itself is plain Python.
+  # jaxdp clips to the float32-safe c' (c shrunk by ~1e-5 relative so that rounding
+  # never leaves a clipped norm above c; see the clipping module docstring). The
+  # reference uses the same c' so the comparison stays tight.
+  clip = clipping._safe_clip(clip, jax.tree.leaves(params))
   for n in range(x.shape[0]):
     if mask is not None and not mask[n]:
       continue
@@ -167,6 +171,105 @@ class ClippedGradTest(chex.TestCase):
     bad = clipping.clipped_grad(loss, l2_clip_norm={"nope": 1.0}, batch_argnums=(1, 2), per_layer=True)
     with self.assertRaisesRegex(ValueError, "prefix"):
       jax.eval_shape(bad, params, x, y)
+
+
+def _exact_norms(tree_batch):
+  """float64 L2 norm of each float32 row (the norm the sensitivity bound is about)."""
+  flat = np.concatenate([np.asarray(a, np.float64).reshape(a.shape[0], -1)
+                         for a in jax.tree.leaves(tree_batch)], axis=1)
+  return np.sqrt(np.sum(flat * flat, axis=1))
+
+
+@pytest.mark.parametrize("clip", [1.0, 0.1, 3.7])
+def test_clipped_norm_never_exceeds_clip_in_float32(clip):
+  # Adversarial gradients: 2000 vectors (d = 1000; half equal-magnitude +-a, whose
+  # float32 sum of squares is ~5 ulps low, half Gaussian) scaled so their exact norm is
+  # C (1 + k 2^-24), k in [1, 64]: just above the clip, where min(1, C/||g||) alone
+  # leaves clipped norms a few ulps ABOVE C. Each must have exact norm <= C.
+  d, m = 1000, 2000
+  rng = np.random.default_rng(0)
+  v = np.concatenate([rng.choice([-1.0, 1.0], size=(m // 2, d)), rng.normal(size=(m // 2, d))])
+  k = rng.integers(1, 65, size=(m, 1))
+  v = v / np.linalg.norm(v, axis=1, keepdims=True) * clip * (1.0 + k * 2.0 ** -24)
+  v32 = v.astype(np.float32)
+  assert np.mean(_exact_norms([v32]) > clip) > 0.9  # most are above C after the cast
+  fn = clipping.clipped_grad(lambda w, xi: jnp.vdot(w, xi), l2_clip_norm=clip)
+  w = jnp.zeros(d, jnp.float32)
+  clipped = jax.jit(jax.vmap(lambda xi: fn(w, xi[None])[0]))(jnp.asarray(v32))
+  assert clipped.dtype == jnp.float32
+  norms = _exact_norms([clipped])
+  assert norms.max() <= clip, (norms.max() - clip) / clip
+  # ... and the clip is not grossly shrunk (the float32-safe margin is ~1e-5 relative).
+  assert norms.min() >= clip * (1 - 2e-5)
+  # Per-layer clipping: every group within its own c_k.
+  fn2 = clipping.clipped_grad(lambda p, xi: jnp.vdot(p["a"], xi[:600]) + jnp.vdot(p["b"], xi[600:]),
+                              l2_clip_norm={"a": clip, "b": clip / 2}, per_layer=True)
+  p2 = {"a": jnp.zeros(600), "b": jnp.zeros(400)}
+  g2 = jax.jit(jax.vmap(lambda xi: fn2(p2, xi[None] * 3.0)[0]))(jnp.asarray(v32))
+  assert _exact_norms([g2["a"]]).max() <= clip and _exact_norms([g2["b"]]).max() <= clip / 2
+
+
+def test_bf16_params_give_float32_clipped_sums():
+  # bf16 params: per-example gradients are cast up and clipped/summed in float32
+  # (the old code cast the clipped gradients back to bf16: norm up to ~2^-8 above C,
+  # sums rounded to 8 bits).
+  loss, params, x, y = _setup(batch=16)
+  p16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+  fn = clipping.clipped_grad(loss, l2_clip_norm=0.05, batch_argnums=(1, 2))
+  g, info = jax.jit(fn)(p16, x.astype(jnp.bfloat16), y)
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(g))
+  assert int(info.num_clipped) == 16
+  per_ex = jax.jit(jax.vmap(lambda xi, yi: fn(p16, xi[None], yi[None])[0]))(
+      x.astype(jnp.bfloat16), y)
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(per_ex))
+  norms = _exact_norms(per_ex)
+  assert norms.max() <= 0.05 and norms.min() > 0.05 * (1 - 2e-5)
+  # The sum is the float32 sum of the per-example clipped gradients.
+  chex.assert_trees_all_close(g, jax.tree.map(lambda a: jnp.sum(a, axis=0), per_ex),
+                              rtol=1e-5, atol=1e-6)
+  micro = clipping.clipped_grad(loss, l2_clip_norm=0.05, batch_argnums=(1, 2), microbatch_size=5)
+  g_micro, _ = jax.jit(micro)(p16, x.astype(jnp.bfloat16), y)
+  assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(g_micro))
+  chex.assert_trees_all_close(g_micro, g, rtol=1e-5, atol=1e-6)
+  rew = clipping.clipped_grad(loss, l2_clip_norm=0.05, batch_argnums=(1, 2), method="reweight")
+  with pytest.raises(ValueError, match="reweight"):
+    rew(p16, x.astype(jnp.bfloat16), y)
+
+
+def test_padded_batch_carries_its_mask():
+  # A padded Poisson chunk repeats example 0 in its padding slots. The old PaddedBatch
+  # exposed those padded indices as `indices`, so `f(params, x[c.indices], y[c.indices])`
+  # silently summed example 0 many times. Now `indices` holds only the sampled examples,
+  # the padded batch comes from `gather` with its mask attached, and mixing the two is loud.
+  loss, params, x, y = _setup(batch=30)
+  (chunk,) = sampling.pad_and_split(np.array([3, 7, 11, 20], np.int32), 16)
+  fn = clipping.clipped_grad(loss, l2_clip_norm=0.5, batch_argnums=(1, 2))
+  expected = _loop_clipped_sum(loss, params, x[np.array([3, 7, 11, 20])],
+                               y[np.array([3, 7, 11, 20])], 0.5)
+  # The natural call is correct: no padding in `indices`.
+  np.testing.assert_array_equal(chunk.indices, [3, 7, 11, 20])
+  g_plain, info_plain = fn(params, x[chunk.indices], y[chunk.indices])
+  chex.assert_trees_all_close(g_plain, expected, rtol=1e-5, atol=1e-6)
+  # The static-shape call: the mask travels inside the batch (also through jit).
+  batch = chunk.gather(x, y)
+  assert isinstance(batch, sampling.MaskedBatch) and batch.arrays[0].shape[0] == 16
+  g_masked, info = jax.jit(fn)(params, batch)
+  chex.assert_trees_all_close(g_masked, expected, rtol=1e-5, atol=1e-6)
+  assert float(info.num_examples) == 4 == float(info_plain.num_examples)
+  # Mixing a padded-size mask with the unpadded indices is a shape error, not a silent sum.
+  with pytest.raises(ValueError, match="mask"):
+    fn(params, x[chunk.indices], y[chunk.indices], mask=chunk.mask)
+  with pytest.raises(ValueError, match="carries its own mask"):
+    fn(params, batch, mask=chunk.mask)
+  with pytest.raises(ValueError, match="MaskedBatch holds 1 arrays"):
+    fn(params, chunk.gather(x))
+  # Microbatched and non-batch arguments after the MaskedBatch.
+  def loss3(p, xi, scale, yi):
+    return scale * loss(p, xi, yi)
+
+  fn3 = clipping.clipped_grad(loss3, l2_clip_norm=0.5, batch_argnums=(1, 3), microbatch_size=3)
+  g3, _ = fn3(params, batch, 1.0)
+  chex.assert_trees_all_close(g3, expected, rtol=1e-5, atol=1e-6)
 
 
 if __name__ == "__main__":

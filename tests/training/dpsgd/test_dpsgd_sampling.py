@@ -68,14 +68,15 @@ def test_inclusion_probability_never_exceeds_q():
 def test_pad_split_raise_and_empty():
   idx = np.arange(23, dtype=np.int32) * 3
   chunks = sampling.pad_and_split(idx, 10)
-  assert len(chunks) == 3 and all(c.indices.shape == (10,) for c in chunks)
-  got = np.concatenate([c.indices[c.mask] for c in chunks])
+  assert len(chunks) == 3 and all(c.padded_indices.shape == (10,) for c in chunks)
+  got = np.concatenate([c.padded_indices[c.mask] for c in chunks])
+  np.testing.assert_array_equal(np.concatenate([c.indices for c in chunks]), idx)
   np.testing.assert_array_equal(got, idx)  # every sampled example exactly once
   assert sum(c.num_examples for c in chunks) == 23
   with pytest.raises(sampling.BatchOverflowError):
     sampling.pad_and_split(idx, 10, on_overflow="raise")
   (empty,) = sampling.pad_and_split(np.zeros(0, np.int32), 10)
-  assert empty.num_examples == 0 and empty.indices.shape == (10,)
+  assert empty.num_examples == 0 and empty.padded_indices.shape == (10,) and empty.indices.shape == (0,)
   with pytest.raises(ValueError, match="on_overflow"):
     sampling.pad_and_split(idx, 10, on_overflow="truncate")
 
@@ -85,7 +86,7 @@ def test_sampler():
   assert s.expected_batch_size == pytest.approx(100.0)
   assert s.padded_size == sampling.padded_batch_size(1000, 0.1, 1e-6)
   chunks = s.sample(jax.random.key(1))
-  assert len(chunks) == 1 and chunks[0].indices.shape == (s.padded_size,)
+  assert len(chunks) == 1 and chunks[0].padded_indices.shape == (s.padded_size,)
   small = sampling.PoissonSampler(1000, 0.1, padded_size=16)
   assert len(small.sample(jax.random.key(1))) >= 5  # ~100 examples in chunks of 16
   for bad in [dict(sample_rate=0.0), dict(sample_rate=1.5)]:
@@ -95,3 +96,41 @@ def test_sampler():
     sampling.PoissonSampler(1000, 0.1, padded_size=10, multiple_of=4)
   with pytest.raises(ValueError, match="overflow_prob"):
     sampling.padded_batch_size(1000, 0.1, overflow_prob=0.0)
+
+
+def test_overflow_probability_and_abort_delta():
+  # p = Pr[Binomial(N + 1, q) > P]: the abort probability under the data set or any
+  # add/remove neighbour (at most N + 1 examples), exact in float64.
+  for n, q, pad in [(400, 0.1, 80), (60_000, 256 / 60_000, 300), (1000, 0.05, 60), (50, 0.5, 20)]:
+    p = sampling.overflow_probability(n, q, pad)
+    assert p == stats.binom.sf(pad, n + 1, q)
+    assert p >= stats.binom.sf(pad, n, q)
+    s = sampling.PoissonSampler(n, q, padded_size=pad, on_overflow="raise")
+    assert s.overflow_probability == p
+  assert sampling.overflow_probability(100, 0.1, 101) == 0.0
+  # (1 + e^eps) * steps * p (coupling of the aborting and the exact mechanism).
+  assert sampling.abort_delta(1e-12, 100, 2.0) == pytest.approx((1 + np.exp(2.0)) * 100 * 1e-12,
+                                                                rel=1e-15)
+  assert sampling.abort_delta(0.0, 100, 2.0) == 0.0
+  assert sampling.abort_delta(1e-12, 10, 1e4) == float("inf")
+  with pytest.raises(ValueError, match="overflow_prob_per_step"):
+    sampling.abort_delta(1.5, 10, 1.0)
+  with pytest.raises(ValueError, match="epsilon"):
+    sampling.abort_delta(0.1, 10, -1.0)
+
+
+def test_padded_batch_indices_exclude_padding_and_gather():
+  (chunk,) = sampling.pad_and_split(np.array([5, 2, 9], np.int32), 8)
+  np.testing.assert_array_equal(chunk.indices, [5, 2, 9])
+  assert chunk.padded_indices.shape == (8,) and chunk.num_examples == 3
+  x = np.arange(40.0).reshape(10, 4)
+  y = np.arange(10)
+  batch = chunk.gather(x, y)
+  assert isinstance(batch, sampling.MaskedBatch)
+  np.testing.assert_array_equal(batch.arrays[0][:3], x[[5, 2, 9]])
+  np.testing.assert_array_equal(batch.mask, chunk.mask)
+  assert batch.arrays[1].shape == (8,)
+  with pytest.raises(ValueError, match="gather"):
+    chunk.gather()
+  # A pytree: leaves are the arrays and the mask.
+  assert len(jax.tree.leaves(batch)) == 3

@@ -8,6 +8,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from scipy import stats
 
 from jaxdp import data as jdata
 from jaxdp import models
@@ -64,24 +65,107 @@ def test_accountant_receives_q_steps_and_calibrated_sigma():
   assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(res.epsilon, rel=1e-9)
 
 
-def test_interrupted_training_spends_exactly_the_steps_run():
-  # Training stops (here: an exception from eval_fn) after 3 of 15 planned steps: the
-  # accountant must get dpsgd_event(sigma, q, 3), not the planned 15 steps nor nothing.
+def test_killed_run_has_spent_the_planned_event():
+  # Training stops (here: an exception from eval_fn) after 3 of 15 planned steps. The
+  # evaluation and anything else released so far must be paid for: the planned event
+  # (all 15 steps) was reserved before the first step and is not refunded. (The old
+  # code spent only the 3 steps run, in a `finally`; a killed process spent nothing.)
   x, y = _toy(n=100)
   rec = _Recorder()
+  budget = PrivacyBudget(epsilon=50.0, delta=1e-5, method="rdp")
 
   class Stop(Exception):
     pass
 
   def eval_fn(params):
+    # Killed during the run: the reservation is already in the ledger.
+    assert rec.calls == [(dpsgd_accounting.dpsgd_event(1.3, 0.1, 15), 1)]
     raise Stop()
 
-  with pytest.raises(Stop):
-    dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(3),
-                      epochs=1.5, l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1,
-                      noise_multiplier=1.3, accountant=rec, eval_fn=eval_fn, eval_every=3)
-  ((event, count),) = rec.calls
-  assert count == 1 and event == dpsgd_accounting.dpsgd_event(1.3, 0.1, 3)
+  for acc in (rec, budget):
+    with pytest.raises(Stop):
+      dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(3),
+                        epochs=1.5, l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1,
+                        noise_multiplier=1.3, accountant=acc, eval_fn=eval_fn, eval_every=3)
+  assert rec.calls == [(dpsgd_accounting.dpsgd_event(1.3, 0.1, 15), 1)]
+  assert budget.accountant.ledger == ((dpsgd_accounting.dpsgd_event(1.3, 0.1, 15), 1),)
+
+
+def test_two_runs_sharing_a_budget_cannot_both_run():
+  # A budget that affords exactly one run. A second run started while the first is
+  # training (from its eval_fn, i.e. after the first passed its check) must be refused
+  # before training. (The old code checked can_spend first and spent at the end, so
+  # both runs passed the check and trained.)
+  x, y = _toy(n=100)
+  common = dict(epochs=1.0, l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1, noise_multiplier=1.0)
+  one = dpsgd_accounting.dpsgd_event(1.0, 0.1, 10)
+  eps_one = dpsgd_accounting.dpsgd_epsilon(1.0, 0.1, 10, 1e-5)
+  budget = PrivacyBudget(epsilon=1.01 * eps_one, delta=1e-5, method="rdp")
+  assert budget.can_spend(one) and not budget.can_spend(one, count=2)  # precondition
+  model = models.LinearClassifier(num_classes=3)
+  outcomes = []
+
+  def eval_fn(params):
+    if not outcomes:
+      try:
+        dpsgd.train_dpsgd(model, x, y, key=jax.random.key(8), accountant=budget, **common)
+        outcomes.append("trained")
+      except BudgetExceededError:
+        outcomes.append("refused")
+    return {}
+
+  res = dpsgd.train_dpsgd(model, x, y, key=jax.random.key(7), accountant=budget, eval_fn=eval_fn,
+                          eval_every=2, **common)
+  assert res.steps == 10
+  assert outcomes == ["refused"]
+  assert budget.accountant.ledger == ((one, 1),)
+
+
+def test_overflow_raise_adds_abort_delta_or_refuses():
+  # on_overflow="raise" aborts when a Poisson batch exceeds P, which depends on the data:
+  # the guarantee is (eps, delta + (1 + e^eps) * steps * p), p = Pr[Bin(N + 1, q) > P].
+  x, y = _toy()
+  n, q, steps, sigma = 400, 0.1, 5, 1.0
+  model = models.LinearClassifier(num_classes=3)
+  common = dict(key=jax.random.key(3), epochs=0.5, l2_clip_norm=0.5, delta=1e-5, sample_rate=q,
+                noise_multiplier=sigma, on_overflow="raise")
+  res = dpsgd.train_dpsgd(model, x, y, physical_batch_size=80, accountant=None, **common)
+  p = stats.binom.sf(80, n + 1, q)
+  assert 0.0 < p < 1e-9
+  eps = dpsgd_accounting.dpsgd_epsilon(sigma, q, steps, 1e-5)
+  expected = (1.0 + math.exp(eps)) * steps * p
+  assert res.steps == steps and res.epsilon == pytest.approx(eps, rel=1e-12)
+  assert res.overflow_delta == pytest.approx(expected, rel=1e-9)
+  assert res.delta == pytest.approx(1e-5 + expected, rel=1e-12)
+  # "split" is exact: no extra delta.
+  split = dpsgd.train_dpsgd(model, x, y, physical_batch_size=80, accountant=None,
+                            **dict(common, on_overflow="split"))
+  assert split.overflow_delta == 0.0 and split.delta == 1e-5
+  # A physical batch size far below q N would abort almost surely: refused before training
+  # and before anything is spent (p ~ 1 makes the extra delta >> 0.1 * delta).
+  rec = _Recorder()
+  with pytest.raises(ValueError, match="max_overflow_delta_fraction"):
+    dpsgd.train_dpsgd(model, x, y, physical_batch_size=8, accountant=rec, **common)
+  assert rec.calls == []
+  # Same rule for the padded size chosen from overflow_prob.
+  with pytest.raises(ValueError, match="max_overflow_delta_fraction"):
+    dpsgd.train_dpsgd(model, x, y, overflow_prob=1e-3, accountant=None, **common)
+  ok = dpsgd.train_dpsgd(model, x, y, overflow_prob=1e-12, accountant=None, **common)
+  p_ok = stats.binom.sf(ok.padded_size, n + 1, q)
+  assert ok.overflow_delta == pytest.approx((1.0 + math.exp(eps)) * steps * p_ok, rel=1e-9)
+  assert ok.overflow_delta <= 0.1 * 1e-5
+
+
+def test_bf16_params_train_with_float32_sums():
+  x, y = _toy()
+  model = models.LinearClassifier(num_classes=3)
+  init = model.init(jax.random.key(9), x[:1])["params"]
+  init16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), init)
+  res = dpsgd.train_dpsgd(model, x, y, params=init16, key=jax.random.key(2), epochs=0.5,
+                          l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1, noise_multiplier=1.0,
+                          accountant=None)
+  assert all(a.dtype == jnp.bfloat16 for a in jax.tree.leaves(res.params))
+  assert all(np.all(np.isfinite(np.asarray(a, np.float32))) for a in jax.tree.leaves(res.params))
 
 
 def test_budget_refused_before_training():
@@ -104,7 +188,8 @@ def test_accumulation_matches_single_chunk_and_overflow_raise():
   assert acc.padded_size == 8 and one.padded_size > 40
   for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(acc.params)):
     np.testing.assert_allclose(a, b, atol=2e-6)
-  with pytest.raises(dpsgd.BatchOverflowError):
+  # P = 8 for ~40 examples would abort almost surely; refused (see the overflow test).
+  with pytest.raises(ValueError, match="max_overflow_delta_fraction"):
     dpsgd.train_dpsgd(model, x, y, physical_batch_size=8, on_overflow="raise", **common)
 
 
