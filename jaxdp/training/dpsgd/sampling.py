@@ -167,8 +167,8 @@ def overflow_probability(num_examples: int, sample_rate: float, padded_size: int
   ``scipy.stats.binom.sf`` at the nominal q (the sampler's effective rate is
   at most q, and the tail is increasing in q).
 
-  >>> overflow_probability(100, 0.1, 100)
-  0.0
+  >>> f"{overflow_probability(60_000, 256 / 60_000, 357):.3g}"  # P of padded_batch_size
+  '9.54e-10'
   """
   n = _validation.check_positive_int(num_examples, "num_examples")
   q = _validation.check_sample_rate(sample_rate)
