@@ -141,7 +141,7 @@ def check_nonnegative(value: Any, name: str) -> float:
 
 def check_positive_int(value: Any, name: str) -> int:
   """Checks an integer is >= 1 (bools, strings and None are refused)."""
-  if value is None or isinstance(value, (bool, np.bool_, str, bytes)):
+  if value is None or isinstance(value, (bool, np.bool_, str, bytes, complex, np.complexfloating)):
     raise ArgumentTypeError(f"{name} must be an integer >= 1, got {_describe(value)}.")
   try:
     ok = int(value) == value and int(value) >= 1

@@ -208,6 +208,7 @@ def dpsgd_canary_audit(
     :class:`jaxdp.audit.AuditReport` for the likelihood-ratio statistic of
     :func:`canary_mechanism`.
   """
+  _validation.check_key(key)
   batch = tuple(jnp.asarray(b) for b in batch)
   canary = tuple(jnp.asarray(c) for c in canary)
   if len(batch) != len(canary) or not batch:

@@ -508,6 +508,7 @@ def run_trials(
   batch is computed at full size and truncated so that one compiled shape
   serves every batch.
   """
+  _validation.check_key(key)
   num_batches = -(-num_trials // batch_size)
   out = np.empty(num_batches * batch_size, dtype=np.float64)
   for b in range(num_batches):
@@ -570,6 +571,7 @@ def audit_epsilon(
   Returns:
     An :class:`AuditReport` (``print(report)`` for a summary).
   """
+  _validation.check_key(key)
   num_trials = _validation.check_positive_int(num_trials, "num_trials")
   if num_trials < 2:
     raise ValueError(f"num_trials must be >= 2, got {num_trials}.")

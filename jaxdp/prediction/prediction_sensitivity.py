@@ -230,6 +230,7 @@ def noisy_logits(
   logits = jnp.asarray(logits)
   if logits.ndim != 2:
     raise ValueError(f"logits must have shape (num_queries, num_classes), got {logits.shape}.")
+  _validation.check_key(key)
   return noisy_logits_from_keys(jax.random.split(key, logits.shape[0]), logits, noise, scale)
 
 

@@ -81,6 +81,8 @@ def partition_indices(num_examples: int, num_teachers: int, key: jax.Array | Non
   Returns:
     int array of shape ``(T, floor(N/T))``; rows are disjoint.
   """
+  if key is not None:
+    _validation.check_key(key)
   n = _validation.check_positive_int(num_examples, "num_examples")
   t = _validation.check_positive_int(num_teachers, "num_teachers")
   if t > n:
@@ -228,6 +230,7 @@ def aggregate_exponential_from_keys(keys: jax.Array, votes: Any, beta: Any) -> j
   """As :func:`aggregate_exponential` with one caller-supplied key per row."""
   return jax.vmap(lambda k, v: _exponential.exponential_mechanism(k, v, beta))(keys, jnp.asarray(votes))
 
+  _validation.check_key(keys, "keys", allow_batch=True)
 
 def exponential_vote_distribution(votes: Any, beta: float) -> np.ndarray:
   """The exact law ``softmax(beta n)`` of Eq. 54, in float64 (last axis)."""

@@ -145,6 +145,7 @@ def perturb_weights(key: jax.Array, weights: jax.Array,
   return _add_noise(key, weights, scale, calibration.noise)
 
 
+  _validation.check_key(key, allow_batch=True)
 def output_perturbation(
     key: jax.Array,
     x: Any,
@@ -191,6 +192,7 @@ def model_sensitivity(
     x: Any,
     y: Any,
     *,
+  _validation.check_key(key, allow_batch=True)
     num_classes: int,
     l2_reg: float,
     epsilon: float,

@@ -4,6 +4,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jaxdp import mechanisms as mech
@@ -94,3 +95,57 @@ def test_error_message_states_the_allowed_range():
     mech.gaussian_mechanism(KEY, VALUE, 1.0, 1.0, 0.0)
   with pytest.raises(ValueError, match="> 0"):
     mech.laplace_mechanism(KEY, VALUE, 1.0, -2.0)
+
+
+# ----------------------------------------------------------- traced bad data
+# Under jit the NaN check cannot raise; the output must then be deterministic
+# (all-NaN for additive mechanisms, -1 for argmax mechanisms), never the
+# position of the bad entry or a partially noised answer.
+
+ADDITIVE = [
+    lambda k, x: mech.laplace_mechanism(k, x, 1.0, 1.0),
+    lambda k, x: mech.gaussian_mechanism(k, x, 1.0, 1.0, 1e-5),
+    lambda k, x: mech.zcdp_gaussian_mechanism(k, x, 1.0, 0.5),
+    lambda k, x: mech.l2_laplace_mechanism(k, x, 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize("release", ADDITIVE)
+@pytest.mark.parametrize("bad", [NAN, INF, -INF])
+def test_traced_nonfinite_value_gives_an_all_nan_output(release, bad):
+  value = jnp.array([0.0, bad, 2.0])
+  out = jax.jit(release)(KEY, value)
+  assert out.shape == (3,) and bool(jnp.all(jnp.isnan(out)))
+  ok = jax.jit(release)(KEY, jnp.array([0.0, 1.0, 2.0]))
+  assert bool(jnp.all(jnp.isfinite(ok)))
+  # The same, eagerly, is an error naming `value`.
+  with pytest.raises(ValueError, match="value contains NaN or inf"):
+    release(KEY, value)
+
+
+@pytest.mark.parametrize("select", [
+    lambda k, c: mech.report_noisy_max_laplace(k, c, 1.0),
+    lambda k, c: mech.report_noisy_max_gaussian(k, c, 1.0),
+    lambda k, c: mech.exponential_mechanism(k, c, 1.0),
+    lambda k, c: mech.gumbel_max(k, c),
+])
+def test_traced_nan_or_plus_inf_rows_give_minus_one(select):
+  # Row 0: fine; row 1: NaN in the last (otherwise losing) class; row 2: +inf.
+  counts = jnp.array([[50.0, 0.0, 0.0], [50.0, 0.0, NAN], [0.0, INF, 0.0]])
+  out = np.asarray(jax.jit(select)(KEY, counts))
+  np.testing.assert_array_equal(out, [0, -1, -1])
+
+
+def test_minus_inf_scores_stay_allowed_eagerly_and_under_jit():
+  scores = jnp.array([[-INF, 0.0, -INF]])
+  assert int(mech.exponential_mechanism(KEY, scores, 1.0)[0]) == 1
+  assert int(jax.jit(lambda k, s: mech.exponential_mechanism(k, s, 1.0))(KEY, scores)[0]) == 1
+
+
+def test_vmap_over_legacy_and_typed_keys():
+  raw = jax.random.split(jax.random.PRNGKey(0), 4)
+  typed = jax.random.wrap_key_data(raw)
+  f = lambda k: mech.laplace_mechanism(k, VALUE, 1.0, 1.0)
+  np.testing.assert_array_equal(np.asarray(jax.vmap(f)(raw)), np.asarray(jax.vmap(f)(typed)))
+  with pytest.raises(TypeError, match="key must be a jax.random key"):
+    jax.vmap(f)(jnp.zeros((4, 2), jnp.float32))
