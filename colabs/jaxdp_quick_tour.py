@@ -32,9 +32,9 @@ z = accounting.calibrate_noise_multiplier(1.0, delta, q, steps)
 print("noise multiplier for eps=1:", z)
 
 budget = accounting.PrivacyBudget(epsilon=1.0)
-budget.spend(accounting.PureDpEvent(0.5), count=2)
+budget.spend(accounting.PureDpEvent(0.5, neighbouring="replace_one"), count=2)
 try:
-  budget.spend(accounting.PureDpEvent(0.01))
+  budget.spend(accounting.PureDpEvent(0.01, neighbouring="replace_one"))
 except accounting.BudgetExceededError as err:
   print("refused:", err)
 

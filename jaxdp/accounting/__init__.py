@@ -4,7 +4,13 @@ All accounting runs in float64 on the host (numpy/scipy/dp_accounting).
 """
 
 from jaxdp.accounting import events
-from jaxdp.accounting.accountant import METHODS, PrivacyAccountant, PrivacyBudget, UnsupportedEventError
+from jaxdp.accounting.accountant import (
+    METHODS,
+    PrivacyAccountant,
+    PrivacyBudget,
+    PrivacyGuarantee,
+    UnsupportedEventError,
+)
 from jaxdp.accounting.analytic_gaussian import (
     analytic_gaussian_alpha,
     analytic_gaussian_delta,
@@ -28,18 +34,23 @@ from jaxdp.accounting.dpsgd import (
     steps_for_epochs,
 )
 from jaxdp.accounting.events import (
+    ADD_REMOVE,
+    REPLACE_ONE,
     ApproxDpEvent,
     ComposedDpEvent,
     DpEvent,
     ExponentialMechanismDpEvent,
     GaussianDpEvent,
     LaplaceDpEvent,
+    NeighbouringRelation,
     NoOpDpEvent,
     NonPrivateDpEvent,
     PoissonSampledDpEvent,
     PureDpEvent,
     SelfComposedDpEvent,
     ZCDpEvent,
+    replace_one_from_add_remove,
+    with_neighbouring,
 )
 from jaxdp.accounting.zcdp import (
     approx_dp_to_zcdp_budget,

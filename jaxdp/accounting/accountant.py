@@ -22,15 +22,27 @@ currencies, each a valid upper bound:
 ``"auto"`` returns the smallest of the bounds that apply to the ledger.
 Accounting is float64 throughout.
 
-Neighbouring relations: each event carries the guarantee its mechanism
-proves. The ERM methods of papers 000/003 are proven for replace-one
-neighbours, DP-SGD with Poisson sampling for add-or-remove-one; an ε
-add/remove guarantee implies 2ε for replace-one. Compose events of one
-relation per accountant (see docs/sharp_edges.md).
+Neighbouring relations: each event carries the relation (and privacy unit)
+its mechanism's proof uses (see :mod:`jaxdp.accounting.events`). The ERM
+methods of papers 000/003 and the prediction methods are proven for
+replace-one neighbours, DP-SGD with Poisson sampling for add-or-remove-one.
+An accountant composes ONE relation and unit: it adopts the relation of the
+first tagged event (or the one it was created with) and refuses an event of
+another relation with a ValueError naming both. jaxdp does not convert inside
+the RDP/PLD machinery; convert a finished add/remove guarantee explicitly with
+:func:`~jaxdp.accounting.events.replace_one_from_add_remove` (group privacy,
+k = 2: (ε, δ) ⇒ (2ε, (1 + e^ε)δ)). Subsampled events are accepted under
+add/remove only: the amplification bounds used here (Poisson sampling, in
+dp_accounting's ``ADD_OR_REMOVE_ONE`` mode and the pure-DP
+``log(1 + q(e^ε − 1))``) are proven for that relation. Every other event is
+composed with dp_accounting in its ``ADD_OR_REMOVE_ONE`` mode, which for an
+unsampled mechanism computes the privacy curve of noise scale / sensitivity,
+whatever relation that sensitivity was computed for.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -38,16 +50,18 @@ import threading
 from typing import Callable
 
 import numpy as np
+from dp_accounting import dp_event as dpa_event
 from dp_accounting import privacy_accountant as dpa_privacy_accountant
 from dp_accounting.pld import common as pld_common
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.pld import privacy_loss_distribution as pld_lib
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from jaxdp import _durable
 from jaxdp import _validation
 from jaxdp.accounting import events as ev
 from jaxdp.accounting import zcdp
-from jaxdp.errors import BudgetExceededError
+from jaxdp.errors import ArgumentTypeError, BudgetExceededError
 
 _CompositionError = dpa_privacy_accountant.PrivacyAccountant.CompositionErrorDetails
 
@@ -73,7 +87,7 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
   """dp_accounting's RDP accountant extended with jaxdp's events."""
 
   def _maybe_compose(self, event, count, do_compose):
-    if isinstance(event, ev.LaplaceDpEvent) and event.noise_multiplier == 0:
+    if isinstance(event, dpa_event.LaplaceDpEvent) and event.noise_multiplier == 0:
       if do_compose:  # no noise (dp_accounting would divide by zero)
         self._rdp += np.inf
       return None
@@ -114,12 +128,9 @@ class _PldAccountant(pld_privacy_accountant.PLDAccountant):
 
 
 def _check_real(value, name: str, low: float, high: float = math.inf) -> None:
-  """Raises ValueError unless ``value`` is a real number in [low, high]."""
-  try:
-    v = float(value)
-  except (TypeError, ValueError) as err:
-    raise ValueError(f"{name} must be a real number, got {value!r}.") from err
-  if math.isnan(v) or not low <= v <= high:
+  """Raises TypeError unless ``value`` is a real number (not a bool or str), ValueError unless in [low, high]."""
+  v = ev._real(value, name)  # pylint: disable=protected-access
+  if not low <= v <= high:
     raise ValueError(f"{name} must be in [{low}, {high}], got {value!r}.")
 
 
@@ -133,7 +144,7 @@ def _check_event(event: ev.DpEvent) -> None:
   :class:`PrivacyBudget` be overspent. ``noise_multiplier = 0`` stays allowed
   (it means no noise: the event is non-private, infinite ε).
   """
-  if isinstance(event, (ev.GaussianDpEvent, ev.LaplaceDpEvent)):
+  if isinstance(event, (dpa_event.GaussianDpEvent, dpa_event.LaplaceDpEvent)):
     _check_real(event.noise_multiplier, f"{type(event).__name__}.noise_multiplier", 0.0)
   elif isinstance(event, ev.PoissonSampledDpEvent):
     _check_real(event.sampling_probability, "PoissonSampledDpEvent.sampling_probability", 0.0, 1.0)
@@ -145,13 +156,15 @@ def _check_event(event: ev.DpEvent) -> None:
     _check_event(event.event)
   elif isinstance(event, ev.SelfComposedDpEvent):
     count = event.count
-    if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or count < 0:
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+      raise ArgumentTypeError(f"SelfComposedDpEvent.count must be an integer >= 0, got {count!r}.")
+    if count < 0:
       raise ValueError(f"SelfComposedDpEvent.count must be an integer >= 0, got {count!r}.")
     _check_event(event.event)
   elif isinstance(event, ev.ComposedDpEvent):
     for e in event.events:
       _check_event(e)
-  elif isinstance(event, ev.ZCDpEvent):
+  elif isinstance(event, dpa_event.ZCDpEvent):
     _check_real(event.rho, "ZCDpEvent.rho", 0.0)
     _check_real(event.xi, "ZCDpEvent.xi", 0.0)
 
@@ -181,7 +194,7 @@ def _basic_leaf(event: ev.DpEvent) -> tuple[float, float]:
   params = _pure_event_params(event)
   if params is not None:
     return params
-  if isinstance(event, ev.LaplaceDpEvent):
+  if isinstance(event, dpa_event.LaplaceDpEvent):
     return (math.inf if event.noise_multiplier == 0 else 1.0 / event.noise_multiplier), 0.0
   raise UnsupportedEventError(
       f"{type(event).__name__} has no (epsilon, delta) of its own for basic composition; "
@@ -194,16 +207,16 @@ def _basic_sampled(q: float, inner: tuple[float, float]) -> tuple[float, float]:
 
 
 def _zcdp_leaf(event: ev.DpEvent) -> tuple[float, float]:
-  if isinstance(event, ev.GaussianDpEvent):
+  if isinstance(event, dpa_event.GaussianDpEvent):
     z = event.noise_multiplier
     return (math.inf if z == 0 else 0.5 / z**2), 0.0
-  if isinstance(event, ev.ZCDpEvent):
+  if isinstance(event, dpa_event.ZCDpEvent):
     if event.xi != 0:
       raise UnsupportedEventError("approximate zCDP events (xi != 0) are not supported.")
     return event.rho, 0.0
   if isinstance(event, ev.ExponentialMechanismDpEvent):
     return event.rho, 0.0
-  if isinstance(event, ev.LaplaceDpEvent):
+  if isinstance(event, dpa_event.LaplaceDpEvent):
     eps = math.inf if event.noise_multiplier == 0 else 1.0 / event.noise_multiplier
     return zcdp.pure_dp_to_zcdp(eps) if math.isfinite(eps) else math.inf, 0.0
   params = _pure_event_params(event)
@@ -212,43 +225,125 @@ def _zcdp_leaf(event: ev.DpEvent) -> tuple[float, float]:
   raise UnsupportedEventError(f"{type(event).__name__} has no zCDP bound.")
 
 
+@dataclasses.dataclass(frozen=True)
+class PrivacyGuarantee:
+  """An (ε, δ)-DP guarantee together with what it is a guarantee about.
+
+  Attributes:
+    epsilon, delta: the bound.
+    neighbouring: the neighbouring relation it holds for (``"add_remove"`` or
+      ``"replace_one"``; None for an empty or non-private-only ledger).
+    unit: the privacy unit (``"example"``, ``"party"``, ...).
+    method: the accounting method that produced ``epsilon``.
+  """
+
+  epsilon: float
+  delta: float
+  neighbouring: str | None
+  unit: str
+  method: str
+
+  def __str__(self) -> str:
+    return (f"({self.epsilon:.6g}, {self.delta:.3g})-DP for {self.neighbouring or 'any'} "
+            f"neighbours (unit: {self.unit}; {self.method})")
+
+
 class PrivacyAccountant:
-  """A ledger of DpEvents with several ways to bound the total privacy loss.
+  """A ledger of DpEvents of ONE neighbouring relation, with several bounds on the total loss.
+
+  Args:
+    neighbouring: the relation every event must hold for (``"add_remove"`` or
+      ``"replace_one"``). None (default): adopt the relation of the first
+      tagged event. Untagged events (raw dp_accounting events,
+      ``neighbouring=None``) are only accepted when the relation is given here,
+      and are then taken to be proven for it.
+    unit: the privacy unit (default ``"example"``); events of another unit
+      are refused.
 
   >>> from jaxdp.accounting import events
   >>> acc = PrivacyAccountant()
-  >>> acc.spend(events.PureDpEvent(0.5), count=2)
+  >>> acc.spend(events.PureDpEvent(0.5, neighbouring="replace_one"), count=2)
   >>> acc.pure_epsilon()
   1.0
+  >>> print(acc.guarantee(0.0))
+  (1, 0)-DP for replace_one neighbours (unit: example; auto)
   """
 
-  def __init__(self):
+  def __init__(self, neighbouring: str | None = None, unit: str = ev.DEFAULT_UNIT):
+    self._declared = ev.check_neighbouring(neighbouring, allow_none=True)
+    self._neighbouring = self._declared
+    self._unit = ev.check_unit(unit)
     self._ledger: list[list] = []  # [event, count], merged when an event repeats
     self._index: dict[str, int] = {}
 
+  @property
+  def neighbouring(self) -> str | None:
+    """The relation of this ledger (declared, or adopted from the first tagged event)."""
+    return self._neighbouring
+
+  @property
+  def unit(self) -> str:
+    return self._unit
+
   # -- recording --------------------------------------------------------------
+  def _relation_after(self, event: ev.DpEvent) -> str | None:
+    """The ledger's relation once ``event`` is added; raises if it does not fit."""
+    relation = self._neighbouring
+    for tag_relation, tag_unit in sorted(ev.leaf_tags(event), key=str):
+      if tag_relation is None:
+        if self._declared is None:
+          raise ValueError(
+              f"{type(event).__name__} carries no neighbouring relation, so its guarantee cannot be "
+              "composed safely: tag it (events.with_neighbouring(event, 'add_remove') or the "
+              "event's neighbouring= argument) or create the accountant with "
+              "PrivacyAccountant(neighbouring=...).")
+        continue
+      if tag_unit != self._unit:
+        raise ValueError(f"event is for privacy unit {tag_unit!r} but this accountant composes unit "
+                         f"{self._unit!r}; guarantees for different units do not compose.")
+      if relation is None:
+        relation = tag_relation
+      elif tag_relation != relation:
+        raise ValueError(
+            f"event is for {tag_relation} neighbours but this accountant composes {relation} "
+            "neighbours; composing both gives a bound that holds under neither. Use one "
+            "accountant per relation, or convert a finished add_remove guarantee with "
+            "events.replace_one_from_add_remove(epsilon, delta) (2x epsilon, group privacy).")
+    if relation == ev.REPLACE_ONE and ev.contains_sampling(event):
+      raise ValueError(
+          "subsampled events are only supported for add_remove neighbours (the amplification "
+          "bounds used here are proven for that relation); this accountant composes replace_one.")
+    return relation
+
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
     """Records ``count`` runs of the mechanism described by ``event``.
 
     Raises:
-      ValueError: ``event`` is not a DpEvent, has a field out of range (NaN or
-        negative noise multiplier, sampling probability outside [0, 1],
-        negative count or ρ), or ``count`` is not an integer >= 1.
+      TypeError: ``event`` is not a DpEvent, a field is a str/bool, or
+        ``count`` is not an integer.
+      ValueError: a field is out of range (NaN or negative noise multiplier,
+        sampling probability outside [0, 1], negative count or ρ), ``count``
+        < 1, or the event's relation or unit differs from this ledger's (or it
+        is untagged and no relation was declared).
     """
     if not isinstance(event, ev.DpEvent):
-      raise ValueError(f"event must be a DpEvent, got {type(event).__name__}.")
+      raise TypeError(f"event must be a DpEvent, got {type(event).__name__}.")
     _check_event(event)
+    if isinstance(count, bool) or not isinstance(count, (int, np.integer)):
+      raise ArgumentTypeError(f"count must be an integer >= 1, got {count!r}.")
     count = _validation.check_positive_int(count, "count")
     data = ev.event_to_dict(event)
     # Canonical copy with Python floats/ints: a numpy float32 field would otherwise
     # carry float32 arithmetic into dp_accounting (accounting is float64 only).
     event = ev.event_from_dict(data)
+    relation = self._relation_after(event)
     key = json.dumps(data, sort_keys=True)
     if key in self._index:
       self._ledger[self._index[key]][1] += count
     else:
       self._index[key] = len(self._ledger)
       self._ledger.append([event, count])
+    self._neighbouring = relation
 
   compose = spend
 
@@ -263,10 +358,7 @@ class PrivacyAccountant:
     return ev.ComposedDpEvent([ev.SelfComposedDpEvent(e, c) if c > 1 else e for e, c in self._ledger])
 
   def copy(self) -> "PrivacyAccountant":
-    out = PrivacyAccountant()
-    for e, c in self._ledger:
-      out.spend(e, c)
-    return out
+    return PrivacyAccountant.from_state_dict(self.state_dict())
 
   # -- queries ----------------------------------------------------------------
   def basic_epsilon_delta(self) -> tuple[float, float]:
@@ -287,6 +379,8 @@ class PrivacyAccountant:
 
   def get_epsilon(self, delta: float, method: str = "auto") -> float:
     """An upper bound on the total ε at ``delta`` by ``method``.
+
+    The bound holds for :attr:`neighbouring` neighbours (see :meth:`guarantee`).
 
     Args:
       delta: target δ in [0, 1); δ = 0 asks for pure DP.
@@ -330,6 +424,8 @@ class PrivacyAccountant:
     if method in ("rdp", "pld"):
       if delta == 0.0:
         return self.get_epsilon(0.0, "pure") if method == "pld" else math.inf
+      # ADD_OR_REMOVE_ONE mode on purpose (see the module docstring): subsampled
+      # events only ever enter add_remove ledgers.
       acc = _RdpAccountant() if method == "rdp" else _PldAccountant()
       event = self.as_event()
       if not acc.supports(event):
@@ -337,6 +433,11 @@ class PrivacyAccountant:
       acc.compose(event)
       return float(acc.get_epsilon(delta))
     raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
+
+  def guarantee(self, delta: float, method: str = "auto") -> PrivacyGuarantee:
+    """:meth:`get_epsilon` with the relation and unit it holds for."""
+    return PrivacyGuarantee(self.get_epsilon(delta, method), float(delta), self._neighbouring,
+                            self._unit, method)
 
   def supports(self, method: str) -> bool:
     try:
@@ -347,53 +448,147 @@ class PrivacyAccountant:
 
   # -- persistence ------------------------------------------------------------
   def state_dict(self) -> dict:
-    return {"ledger": [[ev.event_to_dict(e), c] for e, c in self._ledger]}
+    return {"neighbouring": self._neighbouring, "declared_neighbouring": self._declared,
+            "unit": self._unit, "ledger": [[ev.event_to_dict(e), c] for e, c in self._ledger]}
 
   @classmethod
   def from_state_dict(cls, state: dict) -> "PrivacyAccountant":
-    acc = cls()
+    acc = cls(state.get("declared_neighbouring"), state.get("unit", ev.DEFAULT_UNIT))
     for event, count in state["ledger"]:
       acc.spend(ev.event_from_dict(event), count)
+    recorded = state.get("neighbouring")
+    if recorded is not None and acc.neighbouring != recorded:
+      raise ValueError(f"state records neighbouring={recorded!r} but its events give "
+                       f"{acc.neighbouring!r}.")
     return acc
 
   def __repr__(self) -> str:
-    return f"PrivacyAccountant({len(self._ledger)} distinct events)"
+    return (f"PrivacyAccountant({len(self._ledger)} distinct events, "
+            f"neighbouring={self._neighbouring!r}, unit={self._unit!r})")
 
 
 class PrivacyBudget:
-  """A privacy budget (ε, δ) that refuses to be overspent.
+  """A privacy budget (ε, δ) for one neighbouring relation that refuses to be overspent.
 
   ``spend`` composes the event into the ledger only if the total stays within
   (ε, δ) by ``method`` (``"auto"``: best applicable bound; δ = 0 uses pure
   DP); otherwise it raises :class:`~jaxdp.errors.BudgetExceededError` and
-  spends nothing. Save and restore with ``state_dict``/``from_state_dict`` (or
-  ``save``/``load``) so that a restart cannot reset the budget.
+  spends nothing.
+
+  Durability: with ``path=``, the file is the state of record. Every spend is
+  a read-modify-write under an exclusive file lock (``jaxdp._durable``): the
+  ledger is re-read from disk, the limit checked, the event appended and the
+  file replaced atomically and fsync'd before the lock is released. So a crash
+  loses no acknowledged spend, and several processes (or copies of this
+  object) sharing the file cannot spend more than (ε, δ) in total. Creating a
+  budget on an existing file resumes it, and refuses a different ε, δ,
+  method, relation or unit.
+
+  Round-off: the total may exceed ε by at most :attr:`ROUNDING_ULPS` units in
+  the last place of ε (a relative 4.4e-16), to absorb the float rounding of
+  ``B · (ε/B)``; nothing larger is accepted.
+
+  Args:
+    epsilon: ε > 0, finite.
+    delta: δ in [0, 1).
+    method: accounting method (see :meth:`PrivacyAccountant.get_epsilon`).
+    accountant: an existing ledger to start from (not with an existing ``path``).
+    neighbouring: the relation (None: adopt the first tagged event's).
+    unit: the privacy unit (default ``"example"``).
+    path: JSON file that persists the budget (see above).
 
   >>> from jaxdp.accounting import events
   >>> budget = PrivacyBudget(epsilon=1.0)
-  >>> budget.spend(events.PureDpEvent(0.25), count=4)
-  >>> budget.can_spend(events.PureDpEvent(0.25))
+  >>> budget.spend(events.PureDpEvent(0.25, neighbouring="replace_one"), count=4)
+  >>> budget.can_spend(events.PureDpEvent(0.25, neighbouring="replace_one"))
   False
+  >>> f"{budget.spent_epsilon:.2f}"
+  '1.00'
   """
 
-  _RELATIVE_SLACK = 1e-9  # absorbs float rounding of B * (eps / B)
+  ROUNDING_ULPS = 2
 
   def __init__(self, epsilon: float, delta: float = 0.0, method: str = "auto",
-               accountant: PrivacyAccountant | None = None):
+               accountant: PrivacyAccountant | None = None, *,
+               neighbouring: str | None = None, unit: str | None = None,
+               path: str | os.PathLike | None = None):
     self.epsilon = _validation.check_epsilon(epsilon)
     self.delta = _validation.check_delta(delta)
     if method != "auto" and method not in METHODS:
       raise ValueError(f"method must be 'auto' or one of {METHODS}, got {method!r}.")
     self.method = method
-    self.accountant = accountant if accountant is not None else PrivacyAccountant()
+    relation = ev.check_neighbouring(neighbouring, allow_none=True)
+    if accountant is None:
+      accountant = PrivacyAccountant(relation, ev.DEFAULT_UNIT if unit is None else unit)
+    elif not isinstance(accountant, PrivacyAccountant):
+      raise TypeError(f"accountant must be a PrivacyAccountant, got {type(accountant).__name__}.")
+    else:
+      if relation is not None and accountant.neighbouring not in (None, relation):
+        raise ValueError(f"neighbouring={relation!r} but the accountant composes "
+                         f"{accountant.neighbouring!r}.")
+      if unit is not None and ev.check_unit(unit) != accountant.unit:
+        raise ValueError(f"unit={unit!r} but the accountant composes unit {accountant.unit!r}.")
+      if relation is not None and accountant.neighbouring is None:
+        state = accountant.state_dict()
+        state["declared_neighbouring"] = relation
+        accountant = PrivacyAccountant.from_state_dict(state)
+    self.accountant = accountant
+    self.path = None if path is None else os.path.abspath(os.fspath(path))
     # spend() is check-then-commit: the lock makes it atomic when several
     # predictors or threads share one budget (else both could pass the check).
     self._lock = threading.RLock()
-    if not self._within_limit(self.accountant):
-      raise BudgetExceededError("the given accountant has already spent more than this budget.")
+    if self.path is None:
+      if not self._within_limit(self.accountant):
+        raise BudgetExceededError("the given accountant has already spent more than this budget.")
+      return
+    given_accountant = accountant.ledger != ()
+    with _durable.locked_update(self.path) as box:
+      if box.value is None:
+        if not self._within_limit(self.accountant):
+          raise BudgetExceededError("the given accountant has already spent more than this budget.")
+        box.value = self.state_dict()
+        return
+      stored = box.value
+      if given_accountant:
+        raise ValueError(f"path {self.path!r} already holds a budget; resume it without passing "
+                         "an accountant.")
+      self._check_matches(stored, relation, unit)
+      self.accountant = PrivacyAccountant.from_state_dict(stored["accountant"])
+
+  def _check_matches(self, stored: dict, relation: str | None, unit: str | None) -> None:
+    """Refuses to resume a stored budget with different parameters."""
+    mismatches = []
+    for name, mine in (("epsilon", self.epsilon), ("delta", self.delta), ("method", self.method)):
+      if stored.get(name) != mine:
+        mismatches.append(f"{name}={mine!r} (stored {stored.get(name)!r})")
+    acc = stored.get("accountant", {})
+    stored_relation = acc.get("neighbouring")
+    if relation is not None and stored_relation is not None and stored_relation != relation:
+      mismatches.append(f"neighbouring={relation!r} (stored {stored_relation!r})")
+    if relation is not None and stored_relation is None and acc.get("ledger"):
+      mismatches.append(f"neighbouring={relation!r} (stored ledger has no relation)")
+    if unit is not None and acc.get("unit", ev.DEFAULT_UNIT) != unit:
+      mismatches.append(f"unit={unit!r} (stored {acc.get('unit')!r})")
+    if mismatches:
+      raise ValueError(f"the budget stored at {self.path!r} differs: " + ", ".join(mismatches)
+                       + "; use another path or the stored parameters.")
+    if relation is not None and stored_relation is None:
+      acc["declared_neighbouring"] = relation  # an empty stored ledger adopts the relation
+
+  # -- properties ---------------------------------------------------------------
+  @property
+  def neighbouring(self) -> str | None:
+    return self.accountant.neighbouring
+
+  @property
+  def unit(self) -> str:
+    return self.accountant.unit
 
   def _limit(self) -> float:
-    return self.epsilon * (1.0 + self._RELATIVE_SLACK)
+    limit = self.epsilon
+    for _ in range(self.ROUNDING_ULPS):
+      limit = math.nextafter(limit, math.inf)
+    return limit
 
   def _epsilon_of(self, acc: PrivacyAccountant) -> float:
     try:
@@ -401,12 +596,29 @@ class PrivacyBudget:
     except UnsupportedEventError:
       return math.inf
 
-  def spent_epsilon(self) -> float:
-    """ε spent so far at this budget's δ."""
-    return self._epsilon_of(self.accountant)
+  def _refresh(self) -> None:
+    """Re-reads the ledger of record (persistent budgets only)."""
+    if self.path is not None:
+      stored = _durable.read_json(self.path)
+      if stored is not None:
+        self.accountant = PrivacyAccountant.from_state_dict(stored["accountant"])
 
+  @property
+  def spent_epsilon(self) -> float:
+    """ε spent so far at this budget's δ (for a persistent budget: by every process)."""
+    with self._lock:
+      self._refresh()
+      return self._epsilon_of(self.accountant)
+
+  @property
   def remaining_epsilon(self) -> float:
-    return max(self.epsilon - self.spent_epsilon(), 0.0)
+    return max(self.epsilon - self.spent_epsilon, 0.0)
+
+  def guarantee(self) -> PrivacyGuarantee:
+    """The guarantee spent so far, with its relation and unit."""
+    with self._lock:
+      self._refresh()
+      return self.accountant.guarantee(self.delta, self.method)
 
   def _within_limit(self, acc: PrivacyAccountant) -> bool:
     """Whether some valid bound keeps ``acc`` within the budget.
@@ -426,26 +638,43 @@ class PrivacyBudget:
     return False
 
   def can_spend(self, event: ev.DpEvent, count: int = 1) -> bool:
+    """Whether ``spend(event, count)`` would succeed now (raises like ``spend`` for bad events)."""
     with self._lock:
+      self._refresh()
       trial = self.accountant.copy()
     trial.spend(event, count)
     return self._within_limit(trial)
 
+  def _check_and_spend(self, acc: PrivacyAccountant, event: ev.DpEvent, count: int) -> PrivacyAccountant:
+    trial = acc.copy()
+    trial.spend(event, count)
+    if not self._within_limit(trial):
+      total = self._epsilon_of(trial)
+      raise BudgetExceededError(
+          f"spending {count} x {event} would bring epsilon to {total:.6g} at delta={self.delta}, "
+          f"over the budget epsilon={self.epsilon}; nothing was spent "
+          f"(spent so far: {self._epsilon_of(acc):.6g}).")
+    return trial
+
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
     """Spends ``count`` × ``event`` or raises BudgetExceededError (spending nothing).
 
-    Thread-safe: the check and the commit happen under one lock.
+    Thread-safe (the check and the commit happen under one lock) and, with
+    ``path=``, process-safe and durable (see the class docstring).
     """
     with self._lock:
-      trial = self.accountant.copy()
-      trial.spend(event, count)
-      if not self._within_limit(trial):
-        total = self._epsilon_of(trial)
-        raise BudgetExceededError(
-            f"spending {count} x {event} would bring epsilon to {total:.6g} at delta={self.delta}, "
-            f"over the budget epsilon={self.epsilon}; nothing was spent "
-            f"(spent so far: {self.spent_epsilon():.6g}).")
-      self.accountant.spend(event, count)
+      if self.path is None:
+        self.accountant = self._check_and_spend(self.accountant, event, count)
+        return
+      with _durable.locked_update(self.path) as box:
+        stored = box.value
+        if stored is None:
+          raise FileNotFoundError(f"the budget file {self.path!r} was removed; refusing to "
+                                  "start a fresh budget silently.")
+        current = PrivacyAccountant.from_state_dict(stored["accountant"])
+        new = self._check_and_spend(current, event, count)
+        box.value = dict(stored, accountant=new.state_dict())
+      self.accountant = new
 
   def state_dict(self) -> dict:
     return {"epsilon": self.epsilon, "delta": self.delta, "method": self.method,
@@ -453,24 +682,27 @@ class PrivacyBudget:
 
   @classmethod
   def from_state_dict(cls, state: dict) -> "PrivacyBudget":
+    """A budget (not persistent) restored from :meth:`state_dict`."""
     return cls(state["epsilon"], state["delta"], state["method"],
                PrivacyAccountant.from_state_dict(state["accountant"]))
 
   def save(self, path: str | os.PathLike) -> None:
-    """Writes the budget and its ledger as JSON (atomically)."""
-    tmp = f"{os.fspath(path)}.tmp"
+    """Writes a snapshot of the budget and its ledger as JSON (atomically, durably).
+
+    A snapshot is not a persistent budget: prefer ``PrivacyBudget(..., path=)``.
+    """
     with self._lock:
+      self._refresh()
       state = self.state_dict()
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(state, f)
-      f.flush()
-      os.fsync(f.fileno())  # durable before it replaces the old ledger
-    os.replace(tmp, path)
+    _durable.write_json_atomic(path, state)
 
   @classmethod
   def load(cls, path: str | os.PathLike) -> "PrivacyBudget":
-    with open(path, encoding="utf-8") as f:
-      return cls.from_state_dict(json.load(f))
+    """A budget (not persistent) restored from a snapshot written by :meth:`save`."""
+    state = _durable.read_json(path)
+    if state is None:
+      raise FileNotFoundError(f"no budget at {os.fspath(path)!r}.")
+    return cls.from_state_dict(state)
 
   def __getstate__(self) -> dict:
     # The lock cannot be pickled or deep-copied; a copy gets a fresh one.
@@ -484,7 +716,9 @@ class PrivacyBudget:
 
   def __repr__(self) -> str:
     return (f"PrivacyBudget(epsilon={self.epsilon}, delta={self.delta}, "
-            f"spent={self.spent_epsilon():.6g})")
+            f"neighbouring={self.neighbouring!r}, unit={self.unit!r}, "
+            f"spent={self.spent_epsilon:.6g}" + (f", path={self.path!r})" if self.path else ")"))
 
 
-__all__ = ["METHODS", "PrivacyAccountant", "PrivacyBudget", "UnsupportedEventError"]
+__all__ = ["METHODS", "PrivacyAccountant", "PrivacyBudget", "PrivacyGuarantee",
+           "UnsupportedEventError"]

@@ -24,13 +24,21 @@ from jaxdp.accounting import events
 _PLD_DISCRETIZATION = 1e-4
 
 
-def dpsgd_event(noise_multiplier: float, sample_rate: float, steps: int) -> events.DpEvent:
-  """The DpEvent of ``steps`` Poisson-sampled Gaussian DP-SGD steps."""
+def dpsgd_event(noise_multiplier: float, sample_rate: float, steps: int, *,
+                unit: str = events.DEFAULT_UNIT) -> events.DpEvent:
+  """The DpEvent of ``steps`` Poisson-sampled Gaussian DP-SGD steps.
+
+  Tagged ``neighbouring="add_remove"``: the Poisson subsampled Gaussian
+  analysis (Abadi et al. 2016; Mironov, Talwar & Zhang 2019, the RDP that
+  dp_accounting computes in its default ``ADD_OR_REMOVE_ONE`` mode) is for
+  one unit added or removed, and the clip norm bounds the sum's sensitivity
+  under that relation.
+  """
   noise_multiplier = _validation.check_positive(noise_multiplier, "noise_multiplier")
   sample_rate = _validation.check_sample_rate(sample_rate)
   steps = _validation.check_positive_int(steps, "steps")
-  return events.SelfComposedDpEvent(
-      events.PoissonSampledDpEvent(sample_rate, events.GaussianDpEvent(noise_multiplier)), steps)
+  gaussian = events.GaussianDpEvent(noise_multiplier, neighbouring=events.ADD_REMOVE, unit=unit)
+  return events.SelfComposedDpEvent(events.PoissonSampledDpEvent(sample_rate, gaussian), steps)
 
 
 def make_accountant(accountant: str = "rdp") -> dp_accounting.PrivacyAccountant:

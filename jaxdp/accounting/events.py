@@ -17,54 +17,216 @@ the three kinds its methods need that dp_accounting lacks:
 
 Convention for Gaussian and Laplace events (as in dp_accounting): the noise
 multiplier is the noise scale divided by the sensitivity, ``σ/Δ₂`` or ``b/Δ₁``.
+
+Neighbouring relations and privacy units. A DP guarantee is a statement about
+neighbouring datasets; composing an add/remove guarantee with a replace-one
+guarantee gives a number that holds under neither. Every leaf event that a
+jaxdp method produces therefore carries a tag ``neighbouring`` (a
+:class:`NeighbouringRelation`: ``"add_remove"`` — one unit added or removed,
+dp_accounting's ``NeighboringRelation.ADD_OR_REMOVE_ONE``; ``"replace_one"`` —
+one unit replaced, ``NeighboringRelation.REPLACE_ONE``) and ``unit`` (what one
+unit is: ``"example"`` by default; e.g. ``"party"`` when a whole party's data
+is protected). The noise multiplier of a tagged Gaussian/Laplace event is
+``σ/Δ`` with Δ the sensitivity *under the event's own relation* (jaxdp never
+uses dp_accounting's PLD ``REPLACE_ONE`` mode, which instead doubles an
+add/remove sensitivity). Structural events (Poisson-sampled, self-composed,
+composed, no-op, non-private) carry no tag; their relation is that of their
+leaves. ``neighbouring=None`` (and every raw dp_accounting event) is
+*untagged*: an accountant only accepts it if it was created with an explicit
+relation (see :class:`~jaxdp.accounting.PrivacyAccountant`).
+
+Converting relations: an ε add/remove guarantee implies 2ε replace-one
+(group privacy with k = 2; the reverse does not hold), see
+:func:`replace_one_from_add_remove`.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 
 import attr
 import numpy as np
 from dp_accounting import dp_event
+from dp_accounting import privacy_accountant as _dpa
 from dp_accounting.dp_event import (  # pylint: disable=unused-import
     ComposedDpEvent,
     DpEvent,
-    GaussianDpEvent,
-    LaplaceDpEvent,
     NonPrivateDpEvent,
     NoOpDpEvent,
     PoissonSampledDpEvent,
     SampledWithoutReplacementDpEvent,
     SelfComposedDpEvent,
-    ZCDpEvent,
 )
 
-
-def _check_epsilon(instance, attribute, value):
-  del instance
-  if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-    raise ValueError(f"{attribute.name} must be a number >= 0, got {value!r}.")
+from jaxdp import _validation
 
 
-def _check_delta(instance, attribute, value):
-  del instance
-  if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-    raise ValueError(f"{attribute.name} must be in [0, 1), got {value!r}.")
+class NeighbouringRelation(str, enum.Enum):
+  """Which datasets are neighbours (the relation a DP guarantee is stated for).
+
+  Mirrors ``dp_accounting.NeighboringRelation`` (``ADD_OR_REMOVE_ONE``,
+  ``REPLACE_ONE``); the values are the strings jaxdp accepts everywhere.
+  """
+
+  ADD_OR_REMOVE_ONE = "add_remove"
+  REPLACE_ONE = "replace_one"
+
+  def __str__(self) -> str:
+    return self.value
+
+
+ADD_REMOVE = NeighbouringRelation.ADD_OR_REMOVE_ONE.value
+REPLACE_ONE = NeighbouringRelation.REPLACE_ONE.value
+DEFAULT_UNIT = "example"
+
+_FROM_DP_ACCOUNTING = {
+    _dpa.NeighboringRelation.ADD_OR_REMOVE_ONE: ADD_REMOVE,
+    _dpa.NeighboringRelation.REPLACE_ONE: REPLACE_ONE,
+}
+
+
+def check_neighbouring(value, name: str = "neighbouring", allow_none: bool = False) -> str | None:
+  """Returns the canonical string (``"add_remove"``/``"replace_one"``) of a relation.
+
+  Accepts :class:`NeighbouringRelation`, its string values, and
+  dp_accounting's ``NeighboringRelation.ADD_OR_REMOVE_ONE``/``REPLACE_ONE``.
+
+  Raises:
+    TypeError: ``value`` is not a string or relation (or is None while
+      ``allow_none`` is False).
+    ValueError: an unknown relation (e.g. dp_accounting's ``REPLACE_SPECIAL``).
+  """
+  if value is None:
+    if allow_none:
+      return None
+    raise TypeError(f"{name} must be 'add_remove' or 'replace_one', got None.")
+  if isinstance(value, _dpa.NeighboringRelation):
+    if value not in _FROM_DP_ACCOUNTING:
+      raise ValueError(f"{name}: jaxdp supports add_remove and replace_one, got {value}.")
+    return _FROM_DP_ACCOUNTING[value]
+  if not isinstance(value, str):
+    raise TypeError(f"{name} must be 'add_remove' or 'replace_one', got {type(value).__name__}.")
+  try:
+    return NeighbouringRelation(value).value
+  except ValueError:
+    raise ValueError(f"{name} must be 'add_remove' or 'replace_one', got {value!r}.") from None
+
+
+def check_unit(value, name: str = "unit") -> str:
+  """A privacy unit is a non-empty string (``"example"``, ``"party"``, ...)."""
+  if not isinstance(value, str) or not value:
+    raise TypeError(f"{name} must be a non-empty string such as 'example', got {value!r}.")
+  return value
+
+
+def _relation_converter(value):
+  return check_neighbouring(value, allow_none=True)
+
+
+def _unit_validator(instance, attribute, value):
+  del instance, attribute
+  check_unit(value)
+
+
+def _neighbouring_field():
+  return attr.field(default=None, kw_only=True, converter=_relation_converter)
+
+
+def _unit_field():
+  return attr.field(default=DEFAULT_UNIT, kw_only=True, validator=_unit_validator)
+
+
+def _real(value, name: str) -> float:
+  """``value`` as a float; bools, strings and other non-reals raise ArgumentTypeError (a TypeError)."""
+  return _validation._as_float(value, name)  # pylint: disable=protected-access
+
+
+def _check_positive_epsilon(name, value):
+  v = _real(value, name)
+  if not v > 0:
+    raise ValueError(f"{name} must be > 0, got {value!r} (a mechanism that costs nothing is "
+                     "NoOpDpEvent()).")
+
+
+def _check_nonnegative(name, value):
+  v = _real(value, name)
+  if v < 0:
+    raise ValueError(f"{name} must be >= 0, got {value!r}.")
+
+
+def _check_positive_finite(name, value):
+  v = _real(value, name)
+  if not 0 < v < math.inf:
+    raise ValueError(f"{name} must be finite and > 0, got {value!r}.")
+
+
+def _check_delta(name, value):
+  v = _real(value, name)
+  if not 0.0 <= v < 1.0:
+    raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
+
+
+@attr.define(frozen=True)
+class GaussianDpEvent(dp_event.GaussianDpEvent):
+  """dp_accounting's Gaussian event (``noise_multiplier = σ/Δ₂``) with a relation tag."""
+
+  neighbouring: str | None = _neighbouring_field()
+  unit: str = _unit_field()
+
+  def __attrs_post_init__(self):
+    _check_nonnegative("GaussianDpEvent.noise_multiplier", self.noise_multiplier)
+
+
+@attr.define(frozen=True)
+class LaplaceDpEvent(dp_event.LaplaceDpEvent):
+  """dp_accounting's Laplace event (``noise_multiplier = b/Δ₁``) with a relation tag."""
+
+  neighbouring: str | None = _neighbouring_field()
+  unit: str = _unit_field()
+
+  def __attrs_post_init__(self):
+    _check_nonnegative("LaplaceDpEvent.noise_multiplier", self.noise_multiplier)
+
+
+@attr.define(frozen=True)
+class ZCDpEvent(dp_event.ZCDpEvent):
+  """dp_accounting's ρ-zCDP event (``xi = 0``) with a relation tag."""
+
+  neighbouring: str | None = _neighbouring_field()
+  unit: str = _unit_field()
+
+  def __attrs_post_init__(self):
+    _check_nonnegative("ZCDpEvent.rho", self.rho)
+    _check_nonnegative("ZCDpEvent.xi", self.xi)
+    if float(self.rho) == 0.0 and float(self.xi) == 0.0:
+      raise ValueError("ZCDpEvent.rho must be > 0 (a mechanism that costs nothing is NoOpDpEvent()).")
 
 
 @attr.define(frozen=True)
 class PureDpEvent(DpEvent):
-  """A mechanism that is ε-differentially private by its own proof."""
+  """A mechanism that is ε-differentially private by its own proof (ε > 0; ∞ = not private)."""
 
-  epsilon: float = attr.field(converter=float, validator=_check_epsilon)
+  epsilon: float = attr.field(converter=lambda v: _checked_float(_check_positive_epsilon,
+                                                                 "PureDpEvent.epsilon", v))
+  neighbouring: str | None = _neighbouring_field()
+  unit: str = _unit_field()
 
 
 @attr.define(frozen=True)
 class ApproxDpEvent(DpEvent):
-  """A mechanism that is (ε, δ)-differentially private by its own proof."""
+  """A mechanism that is (ε, δ)-differentially private by its own proof (ε >= 0, δ in [0, 1), not both 0)."""
 
-  epsilon: float = attr.field(converter=float, validator=_check_epsilon)
-  delta: float = attr.field(converter=float, validator=_check_delta)
+  epsilon: float = attr.field(converter=lambda v: _checked_float(_check_nonnegative,
+                                                                 "ApproxDpEvent.epsilon", v))
+  delta: float = attr.field(converter=lambda v: _checked_float(_check_delta,
+                                                               "ApproxDpEvent.delta", v))
+  neighbouring: str | None = _neighbouring_field()
+  unit: str = _unit_field()
+
+  def __attrs_post_init__(self):
+    if self.epsilon == 0.0 and self.delta == 0.0:
+      raise ValueError("ApproxDpEvent with epsilon = delta = 0 costs nothing: use NoOpDpEvent().")
 
 
 @attr.define(frozen=True)
@@ -72,15 +234,20 @@ class ExponentialMechanismDpEvent(DpEvent):
   """One draw of the exponential mechanism ``p(i) ∝ exp(β · score_i)``.
 
   Attributes:
-    beta: the inverse temperature β (> 0).
+    beta: the inverse temperature β (finite, > 0).
     sensitivity: the sensitivity Δ of every score (max over neighbours and
-      outputs of ``|score_i(D) − score_i(D')|``).
+      outputs of ``|score_i(D) − score_i(D')|``; finite, > 0).
+    neighbouring, unit: the relation Δ was computed for (see module doc).
 
   Guarantees: ``epsilon = 2βΔ`` pure DP and ``rho = (βΔ)²/2`` zCDP.
   """
 
-  beta: float = attr.field(converter=float, validator=_check_epsilon)
-  sensitivity: float = attr.field(default=1.0, converter=float, validator=_check_epsilon)
+  beta: float = attr.field(converter=lambda v: _checked_float(
+      _check_positive_finite, "ExponentialMechanismDpEvent.beta", v))
+  sensitivity: float = attr.field(default=1.0, converter=lambda v: _checked_float(
+      _check_positive_finite, "ExponentialMechanismDpEvent.sensitivity", v))
+  neighbouring: str | None = _neighbouring_field()
+  unit: str = _unit_field()
 
   @property
   def epsilon(self) -> float:
@@ -89,6 +256,109 @@ class ExponentialMechanismDpEvent(DpEvent):
   @property
   def rho(self) -> float:
     return 0.5 * (self.beta * self.sensitivity) ** 2
+
+
+def _checked_float(check, name, value) -> float:
+  check(name, value)
+  return float(value)
+
+
+TAGGED_EVENT_TYPES = (GaussianDpEvent, LaplaceDpEvent, ZCDpEvent, PureDpEvent, ApproxDpEvent,
+                      ExponentialMechanismDpEvent)
+_STRUCTURAL = (ComposedDpEvent, SelfComposedDpEvent, PoissonSampledDpEvent,
+               SampledWithoutReplacementDpEvent, NoOpDpEvent, NonPrivateDpEvent)
+
+
+def leaf_tags(event: DpEvent) -> set[tuple[str | None, str | None]]:
+  """The ``(neighbouring, unit)`` tags of the leaves of an event tree.
+
+  Structural events contribute their children's tags; no-op and non-private
+  events none (they hold under any relation). An untagged leaf (a raw
+  dp_accounting event, or ``neighbouring=None``) contributes ``(None, None)``.
+  """
+  if isinstance(event, (NoOpDpEvent, NonPrivateDpEvent)):
+    return set()
+  if isinstance(event, ComposedDpEvent):
+    return set().union(*[leaf_tags(e) for e in event.events])
+  if isinstance(event, (SelfComposedDpEvent, PoissonSampledDpEvent,
+                        SampledWithoutReplacementDpEvent)):
+    return leaf_tags(event.event)
+  relation = getattr(event, "neighbouring", None)
+  if relation is None:
+    return {(None, None)}
+  return {(relation, getattr(event, "unit", DEFAULT_UNIT))}
+
+
+def contains_sampling(event: DpEvent) -> bool:
+  """Whether the tree holds a subsampled event (amplification depends on the relation)."""
+  if isinstance(event, (PoissonSampledDpEvent, SampledWithoutReplacementDpEvent)):
+    return True
+  if isinstance(event, ComposedDpEvent):
+    return any(contains_sampling(e) for e in event.events)
+  if isinstance(event, SelfComposedDpEvent):
+    return contains_sampling(event.event)
+  return False
+
+
+def with_neighbouring(event: DpEvent, neighbouring, unit: str = DEFAULT_UNIT) -> DpEvent:
+  """A copy of ``event`` with every leaf tagged ``(neighbouring, unit)``.
+
+  Use it to tag an event whose guarantee you proved for ``neighbouring``
+  (e.g. a raw dp_accounting ``GaussianDpEvent``). Leaves already tagged with
+  another relation or unit raise ValueError (re-tagging is not a conversion;
+  see :func:`replace_one_from_add_remove`).
+  """
+  relation = check_neighbouring(neighbouring)
+  unit = check_unit(unit)
+  data = event_to_dict(event)
+
+  def tag(d):
+    if not isinstance(d, dict) or "type" not in d:
+      return d
+    d = {k: ([tag(x) for x in v] if isinstance(v, list) else tag(v)) for k, v in d.items()}
+    if _EVENT_TYPES[d["type"]] in TAGGED_EVENT_TYPES:
+      old = d.get("neighbouring")
+      if old is not None and (old, d.get("unit", DEFAULT_UNIT)) != (relation, unit):
+        raise ValueError(f"{d['type']} is already tagged ({old}, {d.get('unit', DEFAULT_UNIT)}); "
+                         f"cannot re-tag it ({relation}, {unit}).")
+      d["neighbouring"], d["unit"] = relation, unit
+    return d
+
+  return event_from_dict(tag(data))
+
+
+def replace_one_from_add_remove(epsilon: float, delta: float = 0.0,
+                                unit: str = DEFAULT_UNIT) -> DpEvent:
+  """The replace-one event implied by an (ε, δ) add/remove guarantee.
+
+  Group privacy with k = 2 (Dwork & Roth 2014, Thm 2.2 and its (ε, δ)
+  extension): replace-one neighbours ``D, D'`` are two add/remove steps apart
+  through ``D'' = D \\ {x}``, so for every set S
+  ``P[M(D) ∈ S] ≤ e^ε (e^ε P[M(D') ∈ S] + δ) + δ``, i.e. M is
+  ``(2ε, (1 + e^ε) δ)``-DP for replace-one neighbours. The converse does not
+  hold (a replace-one bound says nothing about changing the dataset size).
+
+  Args:
+    epsilon: the add/remove ε (> 0) of a whole mechanism or run (e.g. the ε of
+      a DP-SGD run at δ, computed by an add/remove accountant).
+    delta: its δ in [0, 1).
+    unit: the privacy unit of the guarantee.
+
+  Returns:
+    ``PureDpEvent(2ε, neighbouring="replace_one")`` if δ = 0, else
+    ``ApproxDpEvent(2ε, (1 + e^ε)δ, neighbouring="replace_one")``.
+
+  >>> replace_one_from_add_remove(0.5)
+  PureDpEvent(epsilon=1.0, neighbouring='replace_one', unit='example')
+  """
+  eps = _checked_float(_check_positive_epsilon, "epsilon", epsilon)
+  dlt = _checked_float(_check_delta, "delta", delta)
+  if dlt == 0.0:
+    return PureDpEvent(2.0 * eps, neighbouring=REPLACE_ONE, unit=unit)
+  new_delta = (1.0 + math.exp(eps)) * dlt
+  if not new_delta < 1.0:
+    raise ValueError(f"(1 + e^epsilon) * delta = {new_delta:.3g} >= 1: no replace-one guarantee.")
+  return ApproxDpEvent(2.0 * eps, new_delta, neighbouring=REPLACE_ONE, unit=unit)
 
 
 # Registry used to serialise ledgers (budget save/restore).
@@ -135,6 +405,9 @@ def event_from_dict(data: dict) -> DpEvent:
 
 
 __all__ = [
+    "ADD_REMOVE", "DEFAULT_UNIT", "NeighbouringRelation", "REPLACE_ONE", "TAGGED_EVENT_TYPES",
+    "check_neighbouring", "check_unit", "contains_sampling", "leaf_tags",
+    "replace_one_from_add_remove", "with_neighbouring",
     "ApproxDpEvent", "ComposedDpEvent", "DpEvent", "ExponentialMechanismDpEvent",
     "GaussianDpEvent", "LaplaceDpEvent", "NonPrivateDpEvent", "NoOpDpEvent",
     "PoissonSampledDpEvent", "PureDpEvent", "SampledWithoutReplacementDpEvent",

@@ -86,11 +86,16 @@ def noisy_max_labels_from_keys(keys: jax.Array, votes: Any, mechanism: str, scal
 
 
 def noisy_max_event(mechanism: str, scale: float) -> _events.DpEvent:
-  """DpEvent of ONE label (vote-swap neighbours: ``Delta_1 = 2``, ``Delta_2 = sqrt(2)``)."""
+  """DpEvent of ONE label (vote-swap neighbours: ``Delta_1 = 2``, ``Delta_2 = sqrt(2)``).
+
+  Tagged ``neighbouring="replace_one"``: replacing one training example moves at
+  most one teacher's vote (disjoint partition), the relation of the library's
+  prediction methods.
+  """
   _check_mechanism(mechanism)
   if mechanism == "lnmax":
-    return _noisy_max.report_noisy_max_laplace_event(scale)
-  return _noisy_max.report_noisy_max_gaussian_event(scale)
+    return _noisy_max.report_noisy_max_laplace_event(scale, neighbouring="replace_one")
+  return _noisy_max.report_noisy_max_gaussian_event(scale, neighbouring="replace_one")
 
 
 def noisy_max_scale(mechanism: str, epsilon: float, delta: float, budget: int) -> float:

@@ -177,10 +177,13 @@ class PredictionSensitivityCalibration:
 
     L2-Laplace: ``PureDpEvent(beta Delta)`` (= eps/B, paper 000 Eq. 44).
     Gaussian: ``GaussianDpEvent(noise_multiplier = sigma/Delta)``.
+    Tagged ``neighbouring="replace_one"`` (Delta is the replace-one logit
+    sensitivity, paper 000 Lemma 1).
     """
     if self.noise == "l2_laplace":
-      return _events.PureDpEvent(self.scale * self.sensitivity)
-    return _events.GaussianDpEvent(noise_multiplier=self.scale / self.sensitivity)
+      return _events.PureDpEvent(self.scale * self.sensitivity, neighbouring="replace_one")
+    return _events.GaussianDpEvent(noise_multiplier=self.scale / self.sensitivity,
+                                   neighbouring="replace_one")
 
 
 def calibrate_prediction_sensitivity(

@@ -207,9 +207,11 @@ def exponential_aggregation_event(beta: float) -> _events.ExponentialMechanismDp
   """DpEvent of ONE answer: exponential mechanism on vote counts (sensitivity 1).
 
   ``2 beta``-DP and ``beta^2/2``-zCDP (see :mod:`jaxdp.mechanisms.exponential`).
+  Tagged ``neighbouring="replace_one"`` (replacing one training example moves
+  one teacher's vote).
   """
   return _events.ExponentialMechanismDpEvent(beta=_validation.check_positive(beta, "beta"),
-                                             sensitivity=1.0)
+                                             sensitivity=1.0, neighbouring="replace_one")
 
 
 # ---------------------------------------------------------------------------

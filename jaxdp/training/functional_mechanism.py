@@ -91,7 +91,9 @@ def functional_mechanism_calibration(task: str, dim: int, epsilon: float) -> Fun
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   if math.isinf(eps):
     return FunctionalMechanismCalibration(sens, 0.0, events.NonPrivateDpEvent())
-  return FunctionalMechanismCalibration(sens, sens / eps, events.PureDpEvent(eps))
+  # Delta is the replace-one sensitivity (module docstring).
+  return FunctionalMechanismCalibration(sens, sens / eps,
+                                        events.PureDpEvent(eps, neighbouring="replace_one"))
 
 
 def polynomial_coefficients(x: jax.Array, y: jax.Array, task: str) -> tuple[jax.Array, jax.Array]:

@@ -98,6 +98,9 @@ def output_perturbation_calibration(
   * ``delta > 0``: analytic Gaussian ``sigma`` on ``Delta``,
     ``GaussianDpEvent(noise_multiplier = sigma / Delta)`` (exactly (eps, delta)-DP).
   * ``rho``: ``sigma = Delta / sqrt(2 rho)``, ``ZCDpEvent(rho)``.
+
+  Events are tagged ``neighbouring="replace_one"``: Delta is the replace-one
+  sensitivity of the minimiser (paper 000 Lemma 1).
   """
   if (epsilon is None) == (rho is None):
     raise ValueError("give exactly one of epsilon (with delta) or rho (zCDP).")
@@ -105,16 +108,18 @@ def output_perturbation_calibration(
   if rho is not None:
     rho = _validation.check_positive(rho, "rho")
     return OutputPerturbationCalibration("gaussian", sens / math.sqrt(2.0 * rho), sens,
-                                         events.ZCDpEvent(rho))
+                                         events.ZCDpEvent(rho, neighbouring="replace_one"))
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   delta = _validation.check_delta(delta, "delta")
   if math.isinf(eps):
     return OutputPerturbationCalibration("none", 0.0, sens, events.NonPrivateDpEvent())
   if delta == 0.0:
-    return OutputPerturbationCalibration("l2_laplace", eps / sens, sens, events.PureDpEvent(eps))
+    return OutputPerturbationCalibration("l2_laplace", eps / sens, sens,
+                                         events.PureDpEvent(eps, neighbouring="replace_one"))
   sigma = float(analytic_gaussian_sigma(eps, delta, sens))
   return OutputPerturbationCalibration("gaussian", sigma, sens,
-                                       events.GaussianDpEvent(noise_multiplier=sigma / sens))
+                                       events.GaussianDpEvent(noise_multiplier=sigma / sens,
+                                                              neighbouring="replace_one"))
 
 
 @functools.partial(jax.jit, static_argnames=("noise",))

@@ -53,7 +53,7 @@ def test_per_query_closed_form_solves_the_quadratic(total, k, slack):
   # Valid through Kairouz-Oh-Viswanath (tanh(x/2) <= x/2) ...
   assert composition.advanced_composition(e, 0.0, k, slack, "kov")[0] <= total * (1 + 1e-12)
   # ... and through zCDP for pure mechanisms (the accountant agrees).
-  acc = PrivacyAccountant()
+  acc = PrivacyAccountant("add_remove")
   acc.spend(events.PureDpEvent(e), count=k)
   assert acc.get_epsilon(slack, "zcdp") <= total * (1 + 1e-9)
 
@@ -88,7 +88,7 @@ def test_per_query_gaussian_sigma_algorithm7(k):
                               (delta - s) / k, sens) for s in grid)
   assert adv.sigma <= brute * (1 + 1e-3)
   # The total guarantee holds according to the PLD accountant (exact for Gaussians).
-  acc = PrivacyAccountant()
+  acc = PrivacyAccountant("add_remove")
   acc.spend(events.GaussianDpEvent(best.sigma / sens), count=k)
   assert acc.get_epsilon(delta, "pld") <= eps * (1 + 1e-3)
 

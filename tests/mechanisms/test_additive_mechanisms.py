@@ -173,7 +173,8 @@ def test_l2_laplace_mechanism_beta_and_noise_norm():
   norms = np.linalg.norm((out - 3.0).reshape(out.shape[0], -1), axis=1)
   d = value.size
   assert stats.kstest(norms, stats.gamma(a=d, scale=1 / beta).cdf).pvalue > 1e-4
-  assert mech.l2_laplace_mechanism_event(l2, eps) == events.PureDpEvent(eps)
+  assert mech.l2_laplace_mechanism_event(l2, eps) == events.PureDpEvent(eps,
+                                                                       neighbouring="add_remove")
 
 
 def test_l2_laplace_density_ratio_bound():

@@ -115,7 +115,7 @@ def test_laplace_event_with_l1_sensitivity_two_covers_a_moved_vote(b, order):
   assert one == pytest.approx(_laplace_rdp_mironov(order, 1.0 / b), rel=1e-7)
   moved_vote = 2 * one  # independent coordinates: Renyi divergences add
   ev = mech.report_noisy_max_laplace_event(b)
-  assert ev == events.LaplaceDpEvent(noise_multiplier=b / 2)
+  assert ev == events.LaplaceDpEvent(noise_multiplier=b / 2, neighbouring="add_remove")
   assert moved_vote <= _laplace_rdp_mironov(order, 1.0 / ev.noise_multiplier) + 1e-12
 
 

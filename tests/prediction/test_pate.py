@@ -81,7 +81,8 @@ def test_pate_end_to_end_small():
   assert np.mean(student_pred == np.asarray(res.labels)) > 0.9
   # The reported epsilon is the accountant's for 60 GNMax labels of sigma=3.
   acc = PrivacyAccountant()
-  acc.spend(events.GaussianDpEvent(noise_multiplier=3.0 / math.sqrt(2)), 60)
+  acc.spend(events.GaussianDpEvent(noise_multiplier=3.0 / math.sqrt(2), neighbouring="replace_one"),
+            60)
   assert res.epsilon == pytest.approx(acc.get_epsilon(1e-5), rel=1e-9)
 
 

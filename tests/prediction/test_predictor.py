@@ -119,9 +119,9 @@ def test_shared_privacy_budget_refuses_whole_batch():
   with pytest.raises(BudgetExceededError):
     p.predict(_queries(2))
   assert p.queries_answered == 4
-  assert shared.spent_epsilon() == pytest.approx(0.4, rel=1e-9)
+  assert shared.spent_epsilon == pytest.approx(0.4, rel=1e-9)
   p.predict(_queries(1))
-  assert shared.spent_epsilon() == pytest.approx(0.5, rel=1e-9)
+  assert shared.spent_epsilon == pytest.approx(0.5, rel=1e-9)
 
 
 def _teacher_weights(t=9, seed=0):

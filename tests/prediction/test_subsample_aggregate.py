@@ -115,7 +115,7 @@ def test_budget_accepts_b_answers_and_refuses_one_more_pure(delta):
   event = sa.exponential_aggregation_event(sa.exponential_aggregation_beta(eps, delta, budget))
   pb = PrivacyBudget(eps, delta)
   pb.spend(event, budget)
-  assert pb.spent_epsilon() <= eps * (1 + 1e-9)
+  assert pb.spent_epsilon <= eps * (1 + 1e-9)
   if delta == 0.0:
     with pytest.raises(BudgetExceededError):
       pb.spend(event, 1)

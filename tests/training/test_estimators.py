@@ -29,7 +29,7 @@ def test_fit_predict_score_and_accountant():
   np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
   assert set(np.unique(clf.predict(x))) <= {"cat", "dog", "eel"}
   assert clf.score(x, labels) > 0.5
-  assert acc.ledger == ((events.PureDpEvent(5.0), 1),)
+  assert acc.ledger == ((events.PureDpEvent(5.0, neighbouring="replace_one"), 1),)
   clf.fit(x, labels)  # a second fit spends again, with a fresh key
   assert acc.pure_epsilon() == pytest.approx(10.0)
 
@@ -114,7 +114,7 @@ def test_binary_methods_and_gaussian_delta():
     assert clf.predict_proba(x).shape == (300, 2)
   acc = PrivacyAccountant()
   PrivateLogisticRegression(epsilon=1.0, delta=1e-5, accountant=acc).fit(x, labels)
-  assert acc.ledger[0][0] == events.ApproxDpEvent(1.0, 1e-5)
+  assert acc.ledger[0][0] == events.ApproxDpEvent(1.0, 1e-5, neighbouring="replace_one")
 
 
 def test_validation():

@@ -43,11 +43,11 @@ def test_loss_perturbation_calibration_formulas():
   assert cal.scale == pytest.approx(0.5 / (2 * k), rel=1e-12)
   assert cal.rho == pytest.approx(2 * l * 10 / 0.5, rel=1e-12)
   assert cal.extra_l2 == pytest.approx(cal.rho / 1000, rel=1e-12)  # rho/(2N)||theta||^2 (Alg. 4)
-  assert cal.event == events.PureDpEvent(0.5)
+  assert cal.event == events.PureDpEvent(0.5, neighbouring="add_remove")
   cal_g = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10,
                                             neighbouring="add_remove")
   assert cal_g.scale == pytest.approx((k / 0.5) * math.sqrt(8 * math.log(2 / 1e-5) + 4 * 0.5), rel=1e-12)
-  assert cal_g.event == events.ApproxDpEvent(0.5, 1e-5)
+  assert cal_g.event == events.ApproxDpEvent(0.5, 1e-5, neighbouring="add_remove")
   cal_r = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10)
   assert cal_r.neighbouring == "replace_one"  # the default: the other linear methods' relation
   assert cal_r.scale == pytest.approx(cal.scale / 2, rel=1e-12)  # ||b' - b|| <= 2K: beta = eps/(4K)
@@ -119,7 +119,7 @@ def test_binary_objective_perturbation_calibration():
   eps_p = eps - math.log(1 + 0.25 / (2 * n * c))
   assert cal.epsilon_noise == pytest.approx(eps_p, rel=1e-12)
   assert cal.scale == pytest.approx(eps_p / 2, rel=1e-12)
-  assert cal.extra_l2 == 0.0 and cal.event == events.PureDpEvent(eps)
+  assert cal.extra_l2 == 0.0 and cal.event == events.PureDpEvent(eps, neighbouring="replace_one")
   cal_h = obp.objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=lam, loss="huber",
                                                  h=0.2)
   assert cal_h.epsilon_noise == pytest.approx(eps - math.log(1 + (1 / 0.4) / (2 * n * c)), rel=1e-12)

@@ -25,7 +25,7 @@ def test_laplace_calibration_equals_paper_formula():
   cal = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, epsilon=eps)
   assert cal.noise == "l2_laplace"
   assert cal.scale == pytest.approx(n * lam * eps / (2 * math.sqrt(2)), rel=1e-12)
-  assert cal.event == events.PureDpEvent(eps)
+  assert cal.event == events.PureDpEvent(eps, neighbouring="replace_one")
   # With the solver slack: Delta = 2K/(N lam) + 2 tol / lam.
   cal_tol = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, epsilon=eps,
                                                solver_tol=1e-6)
@@ -52,7 +52,7 @@ def test_binary_chaudhuri_calibration():
   assert cal.scale == pytest.approx(n * c * 0.4, rel=1e-12)
   cal_z = op.output_perturbation_calibration(num_examples=n, l2_reg=lam, rho=0.3, lipschitz=1.0)
   assert cal_z.scale ** 2 == pytest.approx(1.0 / (2 * 0.3 * (n * c) ** 2), rel=1e-12)
-  assert cal_z.event == events.ZCDpEvent(0.3)
+  assert cal_z.event == events.ZCDpEvent(0.3, neighbouring="replace_one")
 
 
 def test_calibration_validation():
@@ -118,7 +118,7 @@ def test_binary_output_perturbation_zcdp_and_huber():
   keys = jax.random.split(jax.random.key(3), 4)
   res = op.output_perturbation(keys, x, y, loss="huber", h=0.5, l2_reg=0.05, rho=0.5)
   assert res.weights.shape == (4, 5)
-  assert res.event == events.ZCDpEvent(0.5)
+  assert res.event == events.ZCDpEvent(0.5, neighbouring="replace_one")
   assert res.calibration.sensitivity == pytest.approx(2 / (200 * 0.05) + 2e-6 / 0.05)
 
 
