@@ -68,8 +68,12 @@ def test_fresh_noise_per_query_and_determinism():
   p = _ps_predictor(budget=4)
   a, b = p.predict(x), p.predict(x)
   assert not np.allclose(np.asarray(a), np.asarray(b))
-  q = _ps_predictor(budget=4)  # same key, same query sequence -> same answers
-  np.testing.assert_array_equal(np.asarray(q.predict(x)), np.asarray(a))
+  q = _ps_predictor(budget=4)  # same key, new instance -> a fresh nonce, fresh noise
+  assert not np.allclose(np.asarray(q.predict(x)), np.asarray(a))
+  # Reproducible only on explicit request (same key, same unsafe_fixed_nonce).
+  r1 = _ps_predictor(budget=4, unsafe_fixed_nonce=7)
+  r2 = _ps_predictor(budget=4, unsafe_fixed_nonce=7)
+  np.testing.assert_array_equal(np.asarray(r1.predict(x)), np.asarray(r2.predict(x)))
   # Noise has the calibrated scale: answers differ from the exact logits.
   assert not np.allclose(np.asarray(a), x @ _weights())
 
@@ -159,9 +163,10 @@ def _fold_keys(key, first, m):
 
 @pytest.mark.parametrize("delta", [0.0, 1e-5])
 def test_prediction_sensitivity_answers_use_the_calibrated_noise_and_fresh_keys(delta):
-  """predict() == calibrated noise on the exact logits, query i drawn with fold_in(key, i)."""
+  """predict() == calibrated noise on the exact logits, query i drawn with fold_in(k_inst, i)."""
   from jaxdp.prediction import prediction_sensitivity as ps
-  p = _ps_predictor(budget=6, delta=delta)
+  p = _ps_predictor(budget=6, delta=delta, unsafe_fixed_nonce=2**100 + 5)
+  inst = pr._instance_key(jax.random.key(42), 2**100 + 5)  # pylint: disable=protected-access
   cal = ps.calibrate_prediction_sensitivity(1.0, delta, 6, 500, 0.1)
   assert p.calibration == cal
   x = _queries(3)
@@ -169,7 +174,7 @@ def test_prediction_sensitivity_answers_use_the_calibrated_noise_and_fresh_keys(
   first = np.asarray(p.predict(x))
   second = np.asarray(p.predict(x))
   for start, got in ((0, first), (3, second)):
-    expected = ps.noisy_logits_from_keys(_fold_keys(jax.random.key(42), start, 3), logits,
+    expected = ps.noisy_logits_from_keys(_fold_keys(inst, start, 3), logits,
                                          cal.noise, cal.scale)
     np.testing.assert_allclose(got, np.asarray(expected), rtol=1e-6, atol=1e-6)
 
@@ -180,10 +185,10 @@ def test_voting_predictor_answers_use_the_calibrated_noise(kind):
   w = _teacher_weights()
   # A large epsilon keeps the noise comparable to the votes, so a wrong scale changes many labels.
   eps = 200.0
-  kwargs = dict(epsilon=eps, budget=400, key=jax.random.key(7))
+  kwargs = dict(epsilon=eps, budget=400, key=jax.random.key(7), unsafe_fixed_nonce=11)
   x = np.random.default_rng(6).normal(size=(400, D)).astype(np.float32)
   votes = sa.linear_teacher_votes(w, x)
-  keys = _fold_keys(jax.random.key(7), 0, 400)
+  keys = _fold_keys(pr._instance_key(jax.random.key(7), 11), 0, 400)  # pylint: disable=protected-access
   if kind == "exponential":
     p = pr.SubsampleAggregatePredictor.from_linear_teachers(w, delta=0.0, **kwargs)
     expected = sa.aggregate_exponential_from_keys(keys, votes, eps / 800)
