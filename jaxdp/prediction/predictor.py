@@ -352,7 +352,7 @@ class PrivatePredictor:
     return answered
 
   def state_dict(self) -> dict:
-    """JSON-compatible state: budget, answered count, event, model fingerprint (no key, no nonce)."""
+    """JSON-compatible state: budget, answered count, event, fingerprint (no key, no nonce)."""
     return self._state_with(self.queries_answered)
 
   def load_state_dict(self, state: dict) -> None:
