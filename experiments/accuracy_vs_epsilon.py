@@ -1,25 +1,40 @@
 """Accuracy vs epsilon of private linear models (paper 000 Sec. 4.2, Fig. 1).
 
-Usage::
+Usage (from any directory; the default config is the one next to this script)::
 
-  python experiments/accuracy_vs_epsilon.py --config=configs/accuracy_vs_epsilon.py
-  JAXDP_DATA_DIR=../shared/data python experiments/accuracy_vs_epsilon.py \
-      --config=configs/accuracy_vs_epsilon.py --config.dataset=mnist --config.num_seeds=100
+  python experiments/accuracy_vs_epsilon.py
+  JAXDP_DATA_DIR=../shared/data python experiments/accuracy_vs_epsilon.py --config.dataset=mnist
 
 For each method in ``config.methods`` (non-private, model sensitivity = paper 000
-Alg. 1/3, loss perturbation = Alg. 4/5), each delta and each epsilon, lambda is
-chosen on a held-out split of the training set, then ``num_seeds`` private models
-are trained on the full training set in one batched call (one key per seed) and
-evaluated on the test set. Writes ``<out_dir>/<name>/results.csv``,
-``results.json`` and ``accuracy_vs_epsilon.png``.
+Alg. 1/3, loss perturbation = Alg. 4/5), each delta and each epsilon (one
+*point*), lambda is chosen on a held-out split of the training set (mean
+validation accuracy over ``val_seeds`` noise draws), then ``num_seeds`` private
+models are trained on the full training set in one batched call (one key per
+seed) and evaluated on the test set.
+
+Work shared between points is done once: the non-private minimiser for each
+lambda (on the fit split and on the full set) is computed once and model
+sensitivity only adds calibrated noise to it (exactly what
+:func:`jaxdp.training.output_perturbation.model_sensitivity` does per call,
+with :func:`~jaxdp.training.output_perturbation.output_perturbation_calibration`
+and :func:`~jaxdp.training.output_perturbation.perturb_weights`). Loss
+perturbation solves one perturbed problem per draw, batched over the seeds
+(``lax.map`` on CPU, ``vmap`` on accelerators) with one compile per data shape.
+
+Results go to ``<out_dir>/<name>/<dataset>/`` (``results.csv``, ``results.json``,
+``accuracy_vs_epsilon.png``). Each finished point is appended to
+``points.jsonl`` as it completes (flushed and fsync'd; ``results.csv`` is
+rewritten after each point); re-running the same command resumes, skipping
+the points already there (see :class:`jaxdp.results_io.PointLog`). A point's
+random keys depend only on the point (not on the grid or on what was already
+done), so a resumed run gives the same numbers as an uninterrupted one.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import pathlib
+import sys
 import time
 
 import jax
@@ -29,15 +44,30 @@ from absl import app
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from jaxdp.results_io import strict_json
 from jaxdp import data as jdata
+from jaxdp import results_io
 from jaxdp.training import linear, objective_perturbation, output_perturbation
 
+CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "accuracy_vs_epsilon.py"
+METHODS = ("non_private", "model_sensitivity", "loss_perturbation")
+# Settings that change a point's result (the grid itself -- methods, epsilons,
+# deltas -- only selects which points exist; out_dir/batch_mode change nothing).
+RESULT_FIELDS = ("dataset", "n_train", "pca_dims", "l2_regs", "validation_fraction", "num_seeds",
+                 "val_seeds", "max_iter", "tol", "objective_tol", "seed")
+
+
 def load_data(config):
-  ds = jdata.load(config.dataset, data_dir=config.data_dir or None,
-                  n_train=config.n_train or None, seed=config.seed,
-                  pca_dims=config.pca_dims or None, unit_ball="project")
-  return ds
+  return jdata.load(config.dataset, data_dir=config.data_dir or None,
+                    n_train=config.n_train or None, seed=config.seed,
+                    pca_dims=config.pca_dims or None, unit_ball="project")
+
+
+def dataset_epsilons(config) -> tuple[float, ...]:
+  """``config.epsilons``, or the dataset's default grid when it is empty."""
+  if config.epsilons:
+    return tuple(float(e) for e in config.epsilons)
+  grids = config.default_epsilons.to_dict()
+  return tuple(float(e) for e in grids.get(config.dataset, grids["default"]))
 
 
 @jax.jit
@@ -46,84 +76,128 @@ def _accuracies(weights, x, y):
   return jax.vmap(lambda w: jnp.mean(jnp.argmax(x @ w, axis=-1) == y))(weights)
 
 
-def private_models(method, key_batch, x, y, num_classes, l2_reg, eps, delta, config):
-  """``(M, D, C)`` weights of ``method`` for each key (M = num_seeds)."""
-  common = dict(max_iter=config.max_iter, tol=config.tol)
+class _NonPrivateFits:
+  """Non-private minimisers, one per (split, lambda), computed on first use."""
+
+  def __init__(self, splits, num_classes, config):
+    self._splits, self._c, self._config, self._cache = splits, num_classes, config, {}
+
+  def __call__(self, split: str, l2_reg: float) -> jax.Array:
+    if (split, l2_reg) not in self._cache:
+      x, y = self._splits[split]
+      model = linear.fit_linear(x, y, num_classes=self._c, l2_reg=l2_reg,
+                                max_iter=self._config.max_iter, tol=self._config.tol)
+      # Output perturbation's guarantee needs the fit to reach tol (nothing released otherwise).
+      linear.require_converged(model.info, "non-private fit")
+      self._cache[split, l2_reg] = model.weights
+    return self._cache[split, l2_reg]
+
+
+def private_models(method, keys, split, l2_reg, eps, delta, *, splits, fits, num_classes, config):
+  """``(M, D, C)`` weights of ``method`` on ``split`` (``"fit"`` or ``"full"``), one per key."""
+  x, y = splits[split]
   if method == "non_private":
-    w = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, **common).weights
-    return w[None]
+    return fits(split, l2_reg)[None]
   if method == "model_sensitivity":
-    return output_perturbation.model_sensitivity(
-        key_batch, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
-        **common).weights
+    # = output_perturbation.model_sensitivity(keys, x, y, ...), sharing the fit across points:
+    # Alg. 1 (delta = 0) / Alg. 3 (delta > 0), Delta = 2K/(N lambda) + 2 tol/lambda.
+    cal = output_perturbation.output_perturbation_calibration(
+        num_examples=int(x.shape[0]), l2_reg=l2_reg, epsilon=eps, delta=delta,
+        solver_tol=config.tol)
+    return output_perturbation.perturb_weights(keys, fits(split, l2_reg), cal)
   if method == "loss_perturbation":
     # Perturbed objectives carry noise terms of size ||b||/N, so float32 gradients
-    # have a rounding floor near 1e-6; use scipy's default gtol (1e-5) here. The
-    # output-perturbation tol above enters its sensitivity (2 tol/lambda), so it
-    # stays tight.
+    # have a rounding floor near 1e-6; use scipy's default gtol (1e-5) here.
     return objective_perturbation.loss_perturbation(
-        key_batch, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
+        keys, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
         batch_mode=config.batch_mode, max_iter=config.max_iter, tol=config.objective_tol).weights
-  raise ValueError(f"unknown method {method!r}; use non_private, model_sensitivity or loss_perturbation.")
+  raise ValueError(f"unknown method {method!r}; use one of {METHODS}.")
+
+
+def grid(config) -> list[tuple[str, float, float]]:
+  """The points ``(method, epsilon, delta)`` of the figure, in plotting order."""
+  unknown = set(config.methods) - set(METHODS)
+  if unknown:
+    raise ValueError(f"config.methods must be a subset of {METHODS}, got {sorted(unknown)}.")
+  points = []
+  for method in config.methods:
+    if method == "non_private":
+      points.append((method, math.inf, 0.0))
+      continue
+    for delta in config.deltas:
+      for eps in dataset_epsilons(config):
+        points.append((method, float(eps), float(delta)))
+  return points
+
+
+def run_point(point, *, splits, fits, num_classes, config, x_val, y_val, x_test, y_test):
+  """One finished point: lambda chosen on the held-out split, accuracy of the final models."""
+  method, eps, delta = point
+  root = jax.random.fold_in(jax.random.key(config.seed), results_io.point_seed(point))
+  sel_key, test_key = jax.random.split(root)
+  val_seeds = config.val_seeds or config.num_seeds
+  kw = dict(splits=splits, fits=fits, num_classes=num_classes, config=config)
+  val_scores = []
+  for i, lam in enumerate(config.l2_regs):
+    keys = jax.random.split(jax.random.fold_in(sel_key, i), val_seeds)
+    w = private_models(method, keys, "fit", float(lam), eps, delta, **kw)
+    val_scores.append(float(jnp.mean(_accuracies(w, x_val, y_val))))
+  best = int(np.argmax(val_scores))
+  lam = float(config.l2_regs[best])
+  keys = jax.random.split(test_key, config.num_seeds)
+  accs = np.asarray(_accuracies(private_models(method, keys, "full", lam, eps, delta, **kw),
+                                x_test, y_test), np.float64)
+  return dict(method=method, epsilon=eps, delta=delta, l2_reg=lam, val_accuracy=val_scores[best],
+              test_accuracy_mean=float(accs.mean()), test_accuracy_std=float(accs.std()),
+              num_models=int(accs.size))
 
 
 def main(config) -> list[dict]:
   start = time.time()
+  points = grid(config)
+  out = results_io.run_dir(config.out_dir, config.name, config.dataset, n_train=config.n_train,
+                           pca_dims=config.pca_dims)
+  log = results_io.PointLog(out / "points.jsonl",
+                            {f: config[f] for f in RESULT_FIELDS} | {"experiment": config.name})
+  todo = [p for p in points if p not in log]
+  print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
+        f"already in {out / 'points.jsonl'}", file=sys.stderr)
+
   ds = load_data(config)
-  x, y, c = ds.x_train, ds.y_train, ds.num_classes
+  x, y, c = np.asarray(ds.x_train), np.asarray(ds.y_train), ds.num_classes
   rng = np.random.default_rng(config.seed)
   perm = rng.permutation(len(y))
   n_val = int(round(config.validation_fraction * len(y)))
   val_idx, fit_idx = perm[:n_val], perm[n_val:]
-  x_fit, y_fit, x_val, y_val = x[fit_idx], y[fit_idx], x[val_idx], y[val_idx]
+  splits = {"fit": (x[fit_idx], y[fit_idx]), "full": (x, y)}
+  x_val, y_val = jnp.asarray(x[val_idx]), jnp.asarray(y[val_idx])
   x_test, y_test = jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)
-  root = jax.random.key(config.seed)
+  fits = _NonPrivateFits(splits, c, config)
 
-  jobs = []
-  for method in config.methods:
-    for delta in config.deltas:
-      for eps in (config.epsilons if method != "non_private" else (math.inf,)):
-        if method == "non_private" and delta != config.deltas[0]:
-          continue
-        jobs.append((method, float(eps), float(delta)))
+  def finished_rows():
+    return [log.get(p)[0] for p in points if p in log]
 
-  rows = []
-  for j, (method, eps, delta) in enumerate(tqdm(jobs, desc=f"{config.dataset} jobs")):
-    job_key = jax.random.fold_in(root, j)
-    sel_key, test_key = jax.random.split(job_key)
-    # 1) lambda selection on the held-out split (mean accuracy over seeds).
-    val_scores = []
-    for i, lam in enumerate(config.l2_regs):
-      keys = jax.random.split(jax.random.fold_in(sel_key, i), config.num_seeds)
-      w = private_models(method, keys, x_fit, y_fit, c, lam, eps, delta, config)
-      val_scores.append(float(jnp.mean(_accuracies(w, jnp.asarray(x_val), jnp.asarray(y_val)))))
-    best = int(np.argmax(val_scores))
-    lam = float(config.l2_regs[best])
-    # 2) final models on the whole training set, evaluated on the test set.
-    keys = jax.random.split(test_key, config.num_seeds)
-    w = private_models(method, keys, x, y, c, lam, eps, delta, config)
-    accs = np.asarray(_accuracies(w, x_test, y_test))
-    rows.append(dict(method=method, epsilon=eps, delta=delta, l2_reg=lam,
-                     val_accuracy=val_scores[best], test_accuracy_mean=float(accs.mean()),
-                     test_accuracy_std=float(accs.std()), num_models=int(accs.size)))
+  for point in tqdm(todo, desc=f"{config.dataset} points"):
+    row = run_point(point, splits=splits, fits=fits, num_classes=c, config=config, x_val=x_val,
+                    y_val=y_val, x_test=x_test, y_test=y_test)
+    log.append(point, [row])
+    results_io.write_csv_atomic(out / "results.csv", finished_rows())
+  rows = finished_rows()
   elapsed = time.time() - start
 
-  out = pathlib.Path(config.out_dir) / config.name
-  out.mkdir(parents=True, exist_ok=True)
-  with open(out / "results.csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  results_io.write_csv_atomic(out / "results.csv", rows)
   meta = dict(config=config.to_dict(), dataset=repr(ds), n_train=int(len(y)),
               n_test=int(len(y_test)), num_features=int(x.shape[1]), num_classes=int(c),
-              seconds=elapsed, backend=jax.default_backend(), rows=rows)
-  with open(out / "results.json", "w") as f:
-    json.dump(strict_json(meta), f, indent=2, default=str, allow_nan=False)
+              seconds_this_run=elapsed, points_computed_this_run=len(todo),
+              backend=jax.default_backend(), rows=rows)
+  results_io.write_json_atomic(out / "results.json", meta)
   plot(rows, config, out / "accuracy_vs_epsilon.png")
-  print(f"wrote {out}/results.csv, results.json, accuracy_vs_epsilon.png in {elapsed:.1f} s")
+  print(f"wrote {out}/results.csv, results.json, accuracy_vs_epsilon.png "
+        f"({len(todo)} points computed in {elapsed:.1f} s)")
   for r in rows:
-    print(f"{r['method']:>18s} eps={r['epsilon']:<7g} delta={r['delta']:<7g} lambda={r['l2_reg']:<7g}"
-          f" acc={r['test_accuracy_mean']:.4f} +- {r['test_accuracy_std']:.4f}")
+    print(f"{r['method']:>18s} ε={r['epsilon']:<7g} δ={r['delta']:<7g} λ={r['l2_reg']:<7g}"
+          f" acc={r['test_accuracy_mean']:.4f} ± {r['test_accuracy_std']:.4f} "
+          f"(s.d. over {r['num_models']} draws)")
   return rows
 
 
@@ -133,33 +207,37 @@ def plot(rows, config, path):
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
   deltas = list(config.deltas)
-  fig, axes = plt.subplots(1, len(deltas), figsize=(5.5 * len(deltas), 4), squeeze=False)
+  fig, axes = plt.subplots(1, len(deltas), figsize=(5.5 * len(deltas), 4.4), squeeze=False)
   base = [r for r in rows if r["method"] == "non_private"]
+  draws = sorted({r["num_models"] for r in rows if r["method"] != "non_private"})
   for ax, delta in zip(axes[0], deltas):
     for method in config.methods:
       if method == "non_private":
         continue
       rs = sorted((r for r in rows if r["method"] == method and r["delta"] == delta),
                   key=lambda r: r["epsilon"])
-      ax.errorbar([r["epsilon"] for r in rs], [r["test_accuracy_mean"] for r in rs],
-                  yerr=[r["test_accuracy_std"] for r in rs], marker="o", capsize=3,
-                  label=method.replace("_", " "))
+      if rs:
+        ax.errorbar([r["epsilon"] for r in rs], [r["test_accuracy_mean"] for r in rs],
+                    yerr=[r["test_accuracy_std"] for r in rs], marker="o", capsize=3,
+                    label=method.replace("_", " "))
     if base:
       ax.axhline(base[0]["test_accuracy_mean"], color="k", ls="--", label="non-private")
     ax.set_xscale("log")
-    ax.set_xlabel("privacy loss epsilon")
+    ax.set_xlabel("privacy loss ε")
     ax.set_ylabel("test accuracy")
-    ax.set_title(f"{config.dataset}, delta = {delta:g}")
+    ax.set_title(f"{config.dataset}, δ = {delta:g}")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
-  fig.tight_layout()
+  n = "/".join(str(d) for d in draws) or "?"
+  fig.text(0.5, 0.01, f"Mean test accuracy; error bars: ±1 s.d. over {n} independent noise draws "
+           "per point (λ chosen on a held-out split).", ha="center", va="bottom", fontsize=8)
+  fig.tight_layout(rect=(0, 0.04, 1, 1))
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
 if __name__ == "__main__":
   # Defined here (not at import) so tests can import main() without registering absl flags.
-  _CONFIG = config_flags.DEFINE_config_file("config", "configs/accuracy_vs_epsilon.py",
-                                            "experiment config")
+  _CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "experiment config")
   app.run(lambda argv: main(_CONFIG.value) and None)  # exit status 0, not the rows

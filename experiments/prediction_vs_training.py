@@ -5,9 +5,8 @@ Paper 000 (``../shared/papers/000_tradeoffs_of_private_prediction.md``) Sec. 4.2
 
 Usage::
 
-  python experiments/prediction_vs_training.py --config=configs/prediction_vs_training.py
-  JAXDP_DATA_DIR=../shared/data python experiments/prediction_vs_training.py \
-      --config=configs/prediction_vs_training.py --config.dataset=mnist \
+  python experiments/prediction_vs_training.py
+  JAXDP_DATA_DIR=../shared/data python experiments/prediction_vs_training.py --config.dataset=mnist \
       --config.epsilons=1.0 --config.num_seeds=100 --config.num_teachers=256
 
 Methods (all for a total guarantee ``(eps, delta)`` on the training set):
@@ -52,18 +51,22 @@ prediction methods calibrated with the held-out fit size), then the final model
 is trained on the whole training set and evaluated on the test set. As in the
 paper, the privacy cost of this selection is not accounted for.
 
-Writes ``<out_dir>/<name>/results.csv``, ``results.json`` and
+Writes ``<out_dir>/<name>/<dataset>/results.csv``, ``results.json`` and
 ``prediction_vs_training.png`` (accuracy vs B on a log axis, one panel per
-(epsilon, delta)).
+(epsilon, delta)). Every finished point (a training method at one (eps, delta),
+a prediction method at one (eps, delta, B)) is appended to ``points.jsonl`` as
+it completes; re-running resumes from it (:class:`jaxdp.results_io.PointLog`).
+Keys are derived from what they are drawn for, so a resumed run reproduces an
+uninterrupted one. Runs from any directory (the default config is found next
+to this script; results go under the current directory's ``results/``).
 """
 
 from __future__ import annotations
 
-import csv
 import functools
-import json
 import math
 import pathlib
+import sys
 import time
 
 import jax
@@ -73,15 +76,20 @@ from absl import app
 from ml_collections import config_flags
 from tqdm import tqdm
 
-from jaxdp.results_io import strict_json
+from jaxdp import results_io
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp import data as jdata
 from jaxdp import prediction as jpred
 from jaxdp import training as jtrain
 
+CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "prediction_vs_training.py"
 TRAINING_METHODS = ("model_sensitivity", "loss_perturbation")
 PREDICTION_METHODS = ("prediction_sensitivity", "subsample_aggregate")
 ALL_METHODS = ("non_private",) + TRAINING_METHODS + PREDICTION_METHODS
+# Settings that change a point's result (see experiments/accuracy_vs_epsilon.py).
+RESULT_FIELDS = ("dataset", "n_train", "pca_dims", "l2_regs", "num_teachers",
+                 "validation_fraction", "num_seeds", "max_iter", "tol", "objective_tol",
+                 "gaussian_method", "seed")
 
 
 def load_data(config):
@@ -110,15 +118,19 @@ def _aggregation_accuracies(keys, votes, y, beta):
 
 
 class _Keys:
-  """Fresh ``jax.random`` keys from one root: key number i is ``fold_in(root, i)``."""
+  """Fresh ``jax.random`` keys that depend only on what they are for.
+
+  ``keys.for_(tag, ...)`` is ``fold_in(root, point_seed(tag))``: the same tag
+  always gives the same key, different tags independent keys, whatever else the
+  run computes (so resumed runs reproduce uninterrupted ones). Each tag is used
+  for one draw only.
+  """
 
   def __init__(self, seed: int):
     self._root = jax.random.key(seed)
-    self._count = 0
 
-  def next(self, num: int | None = None) -> jax.Array:
-    key = jax.random.fold_in(self._root, self._count)
-    self._count += 1
+  def for_(self, *tag, num: int | None = None) -> jax.Array:
+    key = jax.random.fold_in(self._root, results_io.point_seed(tag))
     return key if num is None else jax.random.split(key, num)
 
 
@@ -166,17 +178,42 @@ def _row(method, eps, delta, budget, l2_reg, teachers, scale, val_acc, accs):
               num_draws=int(accs.size))
 
 
-def main(config) -> list[dict]:
-  start = time.time()
+def grid(config) -> list[tuple]:
+  """The points of the figure: ``(method, eps, delta)`` for non-private / private training
+  (the same accuracy for every B) and ``(method, eps, delta, B)`` for private prediction."""
   unknown = set(config.methods) - set(ALL_METHODS)
   if unknown:
     raise ValueError(f"config.methods must be a subset of {ALL_METHODS}, got {sorted(unknown)}.")
   budgets = sorted({int(b) for b in config.budgets})
   if not budgets or budgets[0] < 1:
     raise ValueError(f"config.budgets must be integers >= 1, got {config.budgets}.")
+  settings = [(float(e), float(d)) for e in config.epsilons for d in config.deltas]
+  points = []
+  if "non_private" in config.methods:
+    points.append(("non_private", math.inf, 0.0))
+  for method in (m for m in ALL_METHODS if m in config.methods):
+    if method in TRAINING_METHODS:
+      points += [(method, e, d) for e, d in settings]
+    elif method in PREDICTION_METHODS:
+      points += [(method, e, d, b) for e, d in settings for b in budgets]
+  return points
+
+
+def main(config) -> list[dict]:
+  start = time.time()
+  points = grid(config)
+  budgets = sorted({int(b) for b in config.budgets})
   teacher_counts = config.num_teachers
   if isinstance(teacher_counts, int):
     teacher_counts = (teacher_counts,)
+  out = results_io.run_dir(config.out_dir, config.name, config.dataset, n_train=config.n_train,
+                           pca_dims=config.pca_dims)
+  log = results_io.PointLog(out / "points.jsonl",
+                            {f: config[f] for f in RESULT_FIELDS} | {"experiment": config.name})
+  todo = [p for p in points if p not in log]
+  print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
+        f"already in {out / 'points.jsonl'}", file=sys.stderr)
+
   ds = load_data(config)
   x, y, c = np.asarray(ds.x_train), np.asarray(ds.y_train), ds.num_classes
   rng = np.random.default_rng(config.seed)
@@ -188,113 +225,105 @@ def main(config) -> list[dict]:
   x_test, y_test = jnp.asarray(ds.x_test), jnp.asarray(ds.y_test)
   n_full, n_fit = len(y), len(y_fit)
   keys = _Keys(config.seed)
-  settings = [(float(e), float(d)) for e in config.epsilons for d in config.deltas]
-  num_jobs = (("non_private" in config.methods)
-              + len(settings) * sum(m in config.methods for m in TRAINING_METHODS)
-              + ("prediction_sensitivity" in config.methods) * (1 + len(settings))
-              + ("subsample_aggregate" in config.methods) * (1 + len(settings)))
-  bar = tqdm(total=num_jobs, desc=f"{config.dataset} jobs")
-  rows = []
+  num = config.num_seeds
 
-  # Non-private minimisers for each lambda (shared by non-private and prediction sensitivity).
-  w_fit, w_full = {}, {}
-  if {"non_private", "prediction_sensitivity"} & set(config.methods):
-    for lam in config.l2_regs:
-      w_fit[lam] = _fit_exact(x_fit, y_fit, c, lam, config)
-      w_full[lam] = _fit_exact(x, y, c, lam, config)
+  # Work shared by several points, computed on first use (nothing if every point is done).
+  @functools.cache
+  def nonprivate_weights(split, lam):  # shared by non-private and prediction sensitivity
+    return _fit_exact(*((x_fit, y_fit) if split == "fit" else (x, y)), c, lam, config)
 
-  if "non_private" in config.methods:
-    vals = [float(_model_accuracies(w_fit[lam][None], x_val, y_val)[0]) for lam in config.l2_regs]
-    lam = config.l2_regs[int(np.argmax(vals))]
-    acc = _model_accuracies(w_full[lam][None], x_test, y_test)
-    rows += [_row("non_private", math.inf, 0.0, b, lam, 0, 0.0, max(vals), acc) for b in budgets]
-    bar.update()
+  @functools.cache
+  def teacher_votes(split, t, lam):
+    xs, ys, xe = (x_fit, y_fit, x_val) if split == "fit" else (x, y, x_test)
+    teachers = jpred.train_linear_teachers(
+        xs, ys, num_teachers=int(t), num_classes=c, l2_reg=lam, key=keys.for_("teachers", split,
+                                                                              int(t), lam),
+        max_iter=config.max_iter, tol=config.tol).weights
+    return jpred.linear_teacher_votes(teachers, xe)
 
-  # Private training: one lambda per (method, eps, delta), then the same accuracy for every B.
-  for method in (m for m in config.methods if m in TRAINING_METHODS):
-    for eps, delta in settings:
+  def run_point(point):
+    method, eps, delta = point[:3]
+    if method == "non_private":
+      vals = [float(_model_accuracies(nonprivate_weights("fit", lam)[None], x_val, y_val)[0])
+              for lam in config.l2_regs]
+      lam = config.l2_regs[int(np.argmax(vals))]
+      acc = _model_accuracies(nonprivate_weights("full", lam)[None], x_test, y_test)
+      return _row("non_private", math.inf, 0.0, 0, lam, 0, 0.0, max(vals), acc)
+    if method in TRAINING_METHODS:
+      # One lambda per (method, eps, delta); the released model serves any B.
       vals = []
       for lam in config.l2_regs:
-        w = private_models(method, keys.next(config.num_seeds), x_fit, y_fit, c, lam, eps,
-                           delta, config)
+        w = private_models(method, keys.for_(*point, "val", lam, num=num), x_fit, y_fit, c, lam,
+                           eps, delta, config)
         vals.append(float(jnp.mean(_model_accuracies(w, x_val, y_val))))
       best = int(np.argmax(vals))
       lam = config.l2_regs[best]
-      w = private_models(method, keys.next(config.num_seeds), x, y, c, lam, eps, delta, config)
-      accs = _model_accuracies(w, x_test, y_test)
-      rows += [_row(method, eps, delta, b, lam, 0, 0.0, vals[best], accs) for b in budgets]
-      bar.update()
-
-  # Prediction sensitivity: lambda chosen per (eps, delta, B) with noise calibrated for n_fit.
-  if "prediction_sensitivity" in config.methods:
-    logits_val = {lam: x_val @ w_fit[lam] for lam in config.l2_regs}
-    logits_test = {lam: x_test @ w_full[lam] for lam in config.l2_regs}
-    bar.update()
-    for eps, delta in settings:
-      for b in budgets:
-        vals = []
-        for lam in config.l2_regs:
-          noise, scale = _ps_scale(eps, delta, b, n_fit, lam, config)
-          vals.append(float(jnp.mean(_noisy_logit_accuracies(
-              keys.next(config.num_seeds), logits_val[lam], y_val, scale, noise))))
-        best = int(np.argmax(vals))
-        lam = config.l2_regs[best]
-        noise, scale = _ps_scale(eps, delta, b, n_full, lam, config)
-        accs = _noisy_logit_accuracies(keys.next(config.num_seeds), logits_test[lam], y_test,
-                                       scale, noise)
-        rows.append(_row("prediction_sensitivity", eps, delta, b, lam, 0, scale, vals[best], accs))
-      bar.update()
-
-  # Subsample-and-aggregate: (T, lambda) of the teachers chosen per (eps, delta, B).
-  if "subsample_aggregate" in config.methods:
-    votes_val, votes_test = {}, {}
-    for t in teacher_counts:
+      w = private_models(method, keys.for_(*point, "test", num=num), x, y, c, lam, eps, delta,
+                         config)
+      return _row(method, eps, delta, 0, lam, 0, 0.0, vals[best], _model_accuracies(w, x_test, y_test))
+    b = point[3]
+    if method == "prediction_sensitivity":
+      # lambda chosen per (eps, delta, B) with noise calibrated for n_fit.
+      vals = []
       for lam in config.l2_regs:
-        teachers = jpred.train_linear_teachers(
-            x_fit, y_fit, num_teachers=int(t), num_classes=c, l2_reg=lam, key=keys.next(),
-            max_iter=config.max_iter, tol=config.tol).weights
-        votes_val[t, lam] = jpred.linear_teacher_votes(teachers, x_val)
-        teachers = jpred.train_linear_teachers(
-            x, y, num_teachers=int(t), num_classes=c, l2_reg=lam, key=keys.next(),
-            max_iter=config.max_iter, tol=config.tol).weights
-        votes_test[t, lam] = jpred.linear_teacher_votes(teachers, x_test)
-    bar.update()
-    grid = list(votes_val)
-    for eps, delta in settings:
-      for b in budgets:
-        beta = noise_scale_as(jpred.exponential_aggregation_beta(eps, delta, b), jnp.float32,
-                              round_up=False)
-        vals = [float(jnp.mean(_aggregation_accuracies(keys.next(config.num_seeds),
-                                                       votes_val[g], y_val, beta)))
-                for g in grid]
-        best = int(np.argmax(vals))
-        t, lam = grid[best]
-        accs = _aggregation_accuracies(keys.next(config.num_seeds), votes_test[t, lam], y_test, beta)
-        rows.append(_row("subsample_aggregate", eps, delta, b, lam, t, beta, vals[best], accs))
-      bar.update()
-  bar.close()
+        noise, scale = _ps_scale(eps, delta, b, n_fit, lam, config)
+        vals.append(float(jnp.mean(_noisy_logit_accuracies(
+            keys.for_(*point, "val", lam, num=num), x_val @ nonprivate_weights("fit", lam), y_val,
+            scale, noise))))
+      best = int(np.argmax(vals))
+      lam = config.l2_regs[best]
+      noise, scale = _ps_scale(eps, delta, b, n_full, lam, config)
+      accs = _noisy_logit_accuracies(keys.for_(*point, "test", num=num),
+                                     x_test @ nonprivate_weights("full", lam), y_test, scale, noise)
+      return _row(method, eps, delta, b, lam, 0, scale, vals[best], accs)
+    # Subsample-and-aggregate: (T, lambda) of the teachers chosen per (eps, delta, B).
+    beta = noise_scale_as(jpred.exponential_aggregation_beta(eps, delta, b), jnp.float32,
+                          round_up=False)
+    options = [(int(t), lam) for t in teacher_counts for lam in config.l2_regs]
+    vals = [float(jnp.mean(_aggregation_accuracies(keys.for_(*point, "val", t, lam, num=num),
+                                                   teacher_votes("fit", t, lam), y_val, beta)))
+            for t, lam in options]
+    best = int(np.argmax(vals))
+    t, lam = options[best]
+    accs = _aggregation_accuracies(keys.for_(*point, "test", num=num), teacher_votes("full", t, lam),
+                                   y_test, beta)
+    return _row(method, eps, delta, b, lam, t, beta, vals[best], accs)
+
+  def finished_rows():
+    rows = []
+    for p in points:
+      if p not in log:
+        continue
+      row = log.get(p)[0]
+      if p[0] in PREDICTION_METHODS:
+        rows.append(row)
+      else:  # non-private and private training: the same model answers any number of queries
+        rows += [dict(row, budget=b) for b in budgets]
+    return rows
+
+  for point in tqdm(todo, desc=f"{config.dataset} points"):
+    log.append(point, [run_point(point)])
+    results_io.write_csv_atomic(out / "results.csv", finished_rows())
+  rows = finished_rows()
   elapsed = time.time() - start
 
-  out = pathlib.Path(config.out_dir) / config.name
-  out.mkdir(parents=True, exist_ok=True)
-  with open(out / "results.csv", "w", newline="") as f:
-    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
+  results_io.write_csv_atomic(out / "results.csv", rows)
   meta = dict(config=config.to_dict(), dataset=repr(ds), n_train=int(n_full), n_fit=int(n_fit),
               n_val=int(n_val), n_test=int(len(y_test)), num_features=int(x.shape[1]),
-              num_classes=int(c), seconds=elapsed, backend=jax.default_backend(), rows=rows)
-  with open(out / "results.json", "w") as f:
-    json.dump(strict_json(meta), f, indent=2, default=str, allow_nan=False)
+              num_classes=int(c), seconds_this_run=elapsed, points_computed_this_run=len(todo),
+              backend=jax.default_backend(), rows=rows)
+  results_io.write_json_atomic(out / "results.json", meta)
   plot(rows, config, out / "prediction_vs_training.png")
-  print(f"wrote {out}/results.csv, results.json, prediction_vs_training.png in {elapsed:.1f} s")
+  print(f"wrote {out}/results.csv, results.json, prediction_vs_training.png "
+        f"({len(todo)} points computed in {elapsed:.1f} s)")
   for r in rows:
     if r["kind"] == "training" and r["budget"] != budgets[0]:
       continue  # flat in B: print once
     b = "any" if r["kind"] == "training" else r["budget"]
-    print(f"{r['method']:>22s} eps={r['epsilon']:<5g} delta={r['delta']:<6g} B={b:<5} "
-          f"lambda={r['l2_reg']:<7g} T={r['num_teachers']:<3d} "
-          f"acc={r['test_accuracy_mean']:.4f} +- {r['test_accuracy_std']:.4f}")
+    print(f"{r['method']:>22s} ε={r['epsilon']:<5g} δ={r['delta']:<6g} B={b:<5} "
+          f"λ={r['l2_reg']:<7g} T={r['num_teachers']:<3d} "
+          f"acc={r['test_accuracy_mean']:.4f} ± {r['test_accuracy_std']:.4f} "
+          f"(s.d. over {r['num_draws']} draws)")
   return rows
 
 
@@ -330,17 +359,21 @@ def plot(rows, config, path):
       ax.set_xscale("log")
       ax.set_xlabel("inference budget B")
       ax.set_ylabel("test accuracy")
-      ax.set_title(f"{config.dataset}, epsilon = {eps:g}, delta = {delta:g}")
+      ax.set_title(f"{config.dataset}, ε = {eps:g}, δ = {delta:g}")
       ax.set_ylim(0, 1)
       ax.grid(alpha=0.3)
       ax.legend(loc="best", fontsize=8)
-  fig.tight_layout()
+  draws = sorted({r["num_draws"] for r in rows if r["method"] != "non_private"})
+  n = "/".join(str(d) for d in draws) or "?"
+  fig.text(0.5, 0.005, f"Mean test accuracy; shaded bands: ±1 s.d. over {n} independent noise "
+           "draws per point (λ, T chosen on a held-out split). Private training (dashed) releases "
+           "one model, so it is flat in B.", ha="center", va="bottom", fontsize=8, wrap=True)
+  fig.tight_layout(rect=(0, 0.05 / len(epsilons), 1, 1))
   fig.savefig(path, dpi=120)
   plt.close(fig)
 
 
 if __name__ == "__main__":
   # Defined here (not at import) so tests can import main() without registering absl flags.
-  _CONFIG = config_flags.DEFINE_config_file("config", "configs/prediction_vs_training.py",
-                                            "experiment config")
+  _CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "experiment config")
   app.run(lambda argv: main(_CONFIG.value) and None)  # exit status 0, not the rows

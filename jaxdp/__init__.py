@@ -9,8 +9,57 @@ enforced budgets), ``audit`` (empirical privacy auditing).
 """
 
 import importlib
+import logging
+import os
 
 __version__ = "0.1.0"
+
+
+class _DropMessages(logging.Filter):
+  """Drops records whose formatted message starts with one of ``prefixes``."""
+
+  def __init__(self, prefixes: tuple[str, ...]):
+    super().__init__()
+    self.prefixes = prefixes
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    try:
+      message = record.getMessage()
+    except Exception:  # pylint: disable=broad-except
+      return True  # a malformed record is not ours to hide
+    return not message.startswith(self.prefixes)
+
+
+# Log lines that are not actionable for a jaxdp user, silenced at import. Every
+# other record of these loggers (and every other logger) is untouched. Set
+# JAXDP_SHOW_ALL_LOGS=1 to keep them.
+#
+# * jax._src.xla_bridge, INFO "Unable to initialize backend 'tpu': ...": JAX probes
+#   every platform it knows; on a machine without a TPU the probe fails quietly and
+#   JAX falls back to CPU/GPU (it logs this at INFO because it is expected). Only the
+#   'tpu' probe is silenced: a failed 'cuda' probe can mean a broken GPU install.
+# * absl, WARNING "_compute_log_a_frac failed to converge ...": dp_accounting's RDP
+#   accountant evaluates A_alpha at fractional orders alpha by a series; when the
+#   series does not settle within 1000 terms it returns +inf for that order, i.e.
+#   the order is excluded from the minimum over orders. epsilon = min over the other
+#   orders is still a valid upper bound (RDP -> (eps, delta) holds order by order),
+#   so nothing is wrong and nothing can be done about it by the user.
+_SILENCED = {
+    "jax._src.xla_bridge": ("Unable to initialize backend 'tpu'",),
+    "absl": ("_compute_log_a_frac failed to converge",),
+}
+
+
+def _install_log_filters() -> None:
+  if os.environ.get("JAXDP_SHOW_ALL_LOGS", "").strip() not in ("", "0"):
+    return
+  for name, prefixes in _SILENCED.items():
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _DropMessages) for f in logger.filters):
+      logger.addFilter(_DropMessages(prefixes))
+
+
+_install_log_filters()
 
 _SUBPACKAGES = ("accounting", "audit", "data", "mechanisms", "models", "prediction", "training")
 

@@ -47,8 +47,8 @@ def test_prediction_vs_training_writes_results(tmp_path):
   experiment = _load("experiments/prediction_vs_training.py")
   rows = experiment.main(config)
 
-  out = tmp_path / config.name
-  assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json",
+  out = tmp_path / config.name / "digits_n400"  # results/<experiment>/<dataset>[_n<N>]/
+  assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json", "points.jsonl",
                                               "prediction_vs_training.png"}
   assert (out / "prediction_vs_training.png").stat().st_size > 10_000
   meta = json.loads((out / "results.json").read_text())  # strict JSON (no NaN/inf literals)

@@ -1,0 +1,108 @@
+"""experiments/accuracy_vs_epsilon.py (paper 000 Fig. 1): resumable, runs from any directory.
+
+Tiny configs on the embedded digits set (no data dir needed).
+"""
+
+import csv
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "experiments" / "accuracy_vs_epsilon.py"
+
+
+def _load(rel):
+  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _tiny_config(out_dir):
+  config = _load("configs/accuracy_vs_epsilon.py").get_config()
+  config.n_train = 300
+  config.epsilons = (3.0, 30.0)
+  config.deltas = (0.0, 1e-5)
+  config.l2_regs = (1e-2, 1e-1)
+  config.num_seeds = 3
+  config.val_seeds = 2
+  config.out_dir = str(out_dir)
+  return config
+
+
+def _csv(path):
+  with open(path, newline="") as f:
+    return list(csv.DictReader(f))
+
+
+def test_killed_run_resumes_without_recomputing_and_gives_identical_results(tmp_path, monkeypatch):
+  pytest.importorskip("ml_collections")
+  experiment = _load("experiments/accuracy_vs_epsilon.py")
+  calls = []
+  run_point = experiment.run_point
+  monkeypatch.setattr(experiment, "run_point", lambda point, **kw: calls.append(point) or
+                      run_point(point, **kw))
+  config = _tiny_config(tmp_path)
+  points = experiment.grid(config)
+  assert len(points) == 1 + 2 * 2 * 2  # non-private + 2 methods x 2 deltas x 2 epsilons
+
+  rows = experiment.main(config)
+  out = tmp_path / "accuracy_vs_epsilon" / "digits_n300"  # results/<experiment>/<dataset>/
+  assert {p.name for p in out.iterdir()} >= {"points.jsonl", "results.csv", "results.json",
+                                              "accuracy_vs_epsilon.png"}
+  assert calls == points and len(rows) == len(points)
+  full_csv = _csv(out / "results.csv")
+  full_rows = json.loads((out / "results.json").read_text())["rows"]
+  assert [r["method"] for r in full_csv] == [p[0] for p in points]
+  assert all(r["num_models"] == (1 if r["method"] == "non_private" else 3) for r in rows)
+
+  # "Kill" the run after 3 points, in the middle of writing the 4th line.
+  lines = (out / "points.jsonl").read_text().splitlines(keepends=True)
+  assert len(lines) == len(points)
+  (out / "points.jsonl").write_text("".join(lines[:3]) + lines[3][:40])
+  for name in ("results.csv", "results.json", "accuracy_vs_epsilon.png"):
+    (out / name).unlink()
+  calls.clear()
+  experiment.main(config)
+  assert calls == points[3:]  # only the missing points are computed
+  assert _csv(out / "results.csv") == full_csv  # same keys per point: identical numbers
+  assert json.loads((out / "results.json").read_text())["rows"] == full_rows
+  assert len((out / "points.jsonl").read_text().splitlines()) == len(points)
+
+  # Everything done: a rerun computes nothing; a smaller grid reuses the finished points.
+  calls.clear()
+  experiment.main(config)
+  config.epsilons = (30.0,)
+  sub = experiment.main(config)
+  assert calls == []
+  assert [r for r in full_rows if r["epsilon"] in ("inf", 30.0)] == json.loads(
+      (out / "results.json").read_text())["rows"] == [
+          dict(r, epsilon="inf") if r["method"] == "non_private" else r for r in sub]
+
+  # Another dataset variant goes to its own folder and does not touch this one.
+  config.n_train = 200
+  config.methods = ("non_private",)
+  experiment.main(config)
+  assert (tmp_path / "accuracy_vs_epsilon" / "digits_n200" / "results.csv").exists()
+  assert _csv(out / "results.csv") == [r for r in full_csv if r["epsilon"] in ("inf", "30.0")]
+
+
+def test_runs_from_another_directory_without_backend_noise(tmp_path):
+  pytest.importorskip("ml_collections")
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # let JAX probe the TPU
+  env.pop("JAXDP_SHOW_ALL_LOGS", None)
+  cmd = [sys.executable, str(SCRIPT), "--config.n_train=200", "--config.epsilons=(10.0,)",
+         "--config.deltas=(0.0,)", "--config.l2_regs=(0.1,)", "--config.num_seeds=2",
+         "--config.methods=('non_private','model_sensitivity')"]
+  proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = tmp_path / "results" / "accuracy_vs_epsilon" / "digits_n200"  # under the caller's cwd
+  assert [r["method"] for r in _csv(out / "results.csv")] == ["non_private", "model_sensitivity"]
+  assert (out / "accuracy_vs_epsilon.png").stat().st_size > 10_000
+  assert "Unable to initialize backend 'tpu'" not in proc.stderr + proc.stdout
