@@ -1,5 +1,4 @@
 from jaxdp.training import dpsgd
-# --- linear models (linear-models engineer) ---
 from jaxdp.training import estimators, functional_mechanism, lbfgs, linear, linear_losses
 from jaxdp.training import objective_perturbation, output_perturbation
 from jaxdp.training.estimators import PrivateLinearClassifier, PrivateLogisticRegression
@@ -26,4 +25,3 @@ from jaxdp.training.output_perturbation import (
     output_perturbation_calibration,
 )
 from jaxdp.training.output_perturbation import output_perturbation as output_perturbation_fit
-# --- end linear models ---
