@@ -54,7 +54,7 @@ class ClippedGradTest(chex.TestCase):
         grad(params, x[n], y[n])))) for n in range(x.shape[0])]
     srt = np.sort(norms)
     clip = float(0.5 * (srt[4] + srt[5]))  # between two norms: 4 clipped, 5 untouched.
-    fn = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2))
+    fn = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2), method="vmap")
     g, info = self.variant(fn)(params, x, y)
     expected = _loop_clipped_sum(loss, params, x, y, clip)
     chex.assert_trees_all_close(g, expected, rtol=1e-5, atol=1e-6)
@@ -99,7 +99,7 @@ class ClippedGradTest(chex.TestCase):
     with self.assertRaisesRegex(ValueError, "per_layer"):
       clipping.clipped_grad(loss, l2_clip_norm=1.0, method="reweight", per_layer=True)
     with self.assertRaisesRegex(ValueError, "method"):
-      clipping.clipped_grad(loss, l2_clip_norm=1.0, method="ghost")
+      clipping.clipped_grad(loss, l2_clip_norm=1.0, method="bogus")
 
   def test_empty_and_single_example(self):
     loss, params, x, y = _setup(batch=4)
