@@ -80,8 +80,11 @@ result = training.dpsgd.train_dpsgd(
     MLP(hidden_sizes=(64,), num_classes=10, activation=jnp.tanh), ds.x_train, ds.y_train,
     key=jax.random.key(3), epochs=5, l2_clip_norm=1.0, delta=1e-5, expected_batch_size=128,
     target_epsilon=3.0, learning_rate=0.5)
+mlp_apply = lambda params, x: MLP(hidden_sizes=(64,), num_classes=10,
+                                  activation=jnp.tanh).apply({"params": params}, x)
+dpsgd_acc = training.dpsgd.accuracy(mlp_apply, result.params, ds.x_test, ds.y_test)
 print(f"DP-SGD: noise multiplier {result.noise_multiplier:.3f}, eps {result.epsilon:.3f} "
-      f"after {result.steps} steps")
+      f"after {result.steps} steps; test accuracy {dpsgd_acc:.3f}")
 
 # %% [markdown]
 # ## 5. Private prediction with an enforced query budget (subsample-and-aggregate)

@@ -44,6 +44,7 @@ from absl import app
 from ml_collections import config_flags
 from tqdm import tqdm
 
+import jaxdp
 from jaxdp import data as jdata
 from jaxdp import results_io
 from jaxdp.training import linear, objective_perturbation, output_perturbation
@@ -158,7 +159,8 @@ def main(config) -> list[dict]:
   out = results_io.run_dir(config.out_dir, config.name, config.dataset, n_train=config.n_train,
                            pca_dims=config.pca_dims)
   log = results_io.PointLog(out / "points.jsonl",
-                            {f: config[f] for f in RESULT_FIELDS} | {"experiment": config.name})
+                            {f: config[f] for f in RESULT_FIELDS}
+                            | {"experiment": config.name, "jaxdp": jaxdp.__version__})
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
         f"already in {out / 'points.jsonl'}", file=sys.stderr)

@@ -78,6 +78,7 @@ from tqdm import tqdm
 
 from jaxdp import results_io
 from jaxdp.mechanisms import noise_scale_as
+import jaxdp
 from jaxdp import data as jdata
 from jaxdp import prediction as jpred
 from jaxdp import training as jtrain
@@ -209,7 +210,8 @@ def main(config) -> list[dict]:
   out = results_io.run_dir(config.out_dir, config.name, config.dataset, n_train=config.n_train,
                            pca_dims=config.pca_dims)
   log = results_io.PointLog(out / "points.jsonl",
-                            {f: config[f] for f in RESULT_FIELDS} | {"experiment": config.name})
+                            {f: config[f] for f in RESULT_FIELDS}
+                            | {"experiment": config.name, "jaxdp": jaxdp.__version__})
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
         f"already in {out / 'points.jsonl'}", file=sys.stderr)
