@@ -21,6 +21,7 @@ data-dependent; see :mod:`jaxdp.training.objective_perturbation`).
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -56,7 +57,11 @@ class PrivateLinearClassifier:
       event is still available as ``self.event_``).
     seed: integer seed of the noise keys.
     normalize: project rows outside the unit ball onto it (otherwise they raise).
-    max_iter, tol: solver settings.
+    max_iter, tol: solver settings. ``tol=None``: 1e-6 for output perturbation /
+      model sensitivity, and for the perturbed-objective methods the AMP default
+      (:func:`jaxdp.training.objective_perturbation.amp_default_tol`).
+    amp_fraction: share of epsilon (and delta) spent on the Approximate Minima
+      Perturbation output noise of the perturbed-objective methods.
     classes: the PUBLIC label set (e.g. ``range(10)``), fixed before seeing the
       data. The number of classes sets the weight shape and loss
       perturbation's ``rho``, and ``classes_`` is released with the model, so a
@@ -68,7 +73,8 @@ class PrivateLinearClassifier:
   def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
                l2_reg: float = 1e-3, loss: str = "logistic", h: float = 0.5,
                accountant: Any = None, seed: int = 0, normalize: bool = False,
-               max_iter: int = 500, tol: float = 1e-6, classes: Any = None):
+               max_iter: int = 500, tol: float | None = None, classes: Any = None,
+               amp_fraction: float = 0.01):
     if method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
@@ -82,6 +88,7 @@ class PrivateLinearClassifier:
     self.normalize = normalize
     self.max_iter = max_iter
     self.tol = tol
+    self.amp_fraction = amp_fraction
     if classes is not None:
       classes = np.asarray(classes)
       if classes.ndim != 1 or classes.size < 2 or np.unique(classes).size != classes.size:
@@ -89,17 +96,21 @@ class PrivateLinearClassifier:
     self.classes = classes
     self._num_fits = 0
 
-  def _predicted_event(self, n: int, num_classes: int):
+  def _predicted_event(self, n: int, num_classes: int, dim: int):
     """The event a fit will spend (computed from the calibration only, no data access)."""
     if self.method == "non_private":
       return events.NonPrivateDpEvent()
+    if math.isinf(self.epsilon):
+      return events.NonPrivateDpEvent()
     if self.method == "loss_perturbation":
-      return objective_perturbation.loss_perturbation_calibration(
+      return objective_perturbation.loss_perturbation_amp_calibration(
           epsilon=self.epsilon, delta=self.delta, num_examples=n, num_classes=num_classes,
-          neighbouring="replace_one", l2_reg=self.l2_reg).event
+          dim=dim, neighbouring="replace_one", l2_reg=self.l2_reg,
+          amp_fraction=self.amp_fraction, tol=self.tol).event
     if self.method == "objective_perturbation":
-      return objective_perturbation.objective_perturbation_calibration(
-          epsilon=self.epsilon, num_examples=n, l2_reg=self.l2_reg, loss=self.loss, h=self.h).event
+      return objective_perturbation.objective_perturbation_amp_calibration(
+          epsilon=self.epsilon, num_examples=n, dim=dim, l2_reg=self.l2_reg, loss=self.loss,
+          h=self.h, amp_fraction=self.amp_fraction, tol=self.tol).event
     return output_perturbation.output_perturbation_calibration(
         num_examples=n, l2_reg=self.l2_reg, epsilon=self.epsilon, delta=self.delta).event
 
@@ -127,23 +138,26 @@ class PrivateLinearClassifier:
     if binary_method and classes.size != 2:
       raise ValueError(f"method={self.method!r} is binary; y has {classes.size} classes.")
     n = x_np.shape[0]
-    event = self._predicted_event(n, classes.size)
+    event = self._predicted_event(n, classes.size, x_np.shape[1])
     if self.accountant is not None and hasattr(self.accountant, "can_spend"):
       if not self.accountant.can_spend(event):
         from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
         raise BudgetExceededError(f"fitting would exceed the privacy budget ({event}).")
     key = jax.random.fold_in(jax.random.key(self.seed), self._num_fits)
     self._num_fits += 1
-    common = dict(max_iter=self.max_iter, tol=self.tol, normalize=self.normalize)
+    tol = 1e-6 if self.tol is None else self.tol
+    common = dict(max_iter=self.max_iter, tol=tol, normalize=self.normalize)
+    amp = dict(max_iter=self.max_iter, tol=self.tol, normalize=self.normalize,
+               amp_fraction=self.amp_fraction)
     if self.method == "non_private":
       x_c = linear.check_features(x_np, "x", normalize=self.normalize)
       res = linear.fit_linear(x_c, y_idx, num_classes=classes.size, l2_reg=self.l2_reg,
-                              max_iter=self.max_iter, tol=self.tol)
+                              max_iter=self.max_iter, tol=tol)
       weights, ev = res.weights, events.NonPrivateDpEvent()
     elif self.method == "loss_perturbation":
       res = objective_perturbation.loss_perturbation(
           key, x_np, y_idx, num_classes=classes.size, epsilon=self.epsilon, delta=self.delta,
-          l2_reg=self.l2_reg, neighbouring="replace_one", **common)
+          l2_reg=self.l2_reg, neighbouring="replace_one", **amp)
       weights, ev = res.weights, res.event
     elif self.method == "model_sensitivity":
       res = output_perturbation.model_sensitivity(
@@ -153,7 +167,7 @@ class PrivateLinearClassifier:
     elif self.method == "objective_perturbation":
       res = objective_perturbation.objective_perturbation(
           key, x_np, y_idx, epsilon=self.epsilon, l2_reg=self.l2_reg, loss=self.loss, h=self.h,
-          **common)
+          **amp)
       weights, ev = res.weights, res.event
     else:
       res = output_perturbation.output_perturbation(
@@ -205,8 +219,8 @@ class PrivateLogisticRegression(PrivateLinearClassifier):
 
   def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
                l2_reg: float = 1e-3, accountant: Any = None, seed: int = 0,
-               normalize: bool = False, max_iter: int = 500, tol: float = 1e-6,
-               classes: Any = None):
+               normalize: bool = False, max_iter: int = 500, tol: float | None = None,
+               classes: Any = None, amp_fraction: float = 0.01):
     super().__init__(epsilon=epsilon, delta=delta, method=method, l2_reg=l2_reg, loss="logistic",
                      accountant=accountant, seed=seed, normalize=normalize, max_iter=max_iter,
-                     tol=tol, classes=classes)
+                     tol=tol, classes=classes, amp_fraction=amp_fraction)

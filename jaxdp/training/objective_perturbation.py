@@ -58,9 +58,53 @@ add ``Delta/2 ||theta||^2`` so that the total ``lambda + Delta = t / (N (e^{eps/
 and use ``eps' = eps/2`` (the same proof then gives ``e^{eps/2} e^{eps/2}``).
 ``t = 1/4`` (logistic), ``1/(2h)`` (Huberized hinge, paper 003 Sec. 6).
 
-Exact minimisation. These guarantees hold at the exact minimiser; we refuse
-to release a solution whose gradient norm exceeds ``tol``. The residual
-``tol`` itself is not accounted for (as in the papers); keep it small.
+Gaussian noise for C > 1 (paper 000 Alg. 5, Eq. 38). The proof bounds
+``log mu(b|D)/mu(b'|D') = (2<b, v> + ||v||^2) / (2 sigma^2)`` with ``v = b' - b``
+(Eq. 30). Kifer et al.'s scalar tail bound on ``<b, v>`` assumes a fixed
+direction, but ``v = grad l(theta_priv) (x) x'`` depends on the output (hence on
+``b``). It does lie in a FIXED subspace ``S`` determined by the neighbouring pair
+only: ``{u (x) x' : u in R^C}`` (dimension ``k = C``) under add/remove, and
+``span{u (x) x', u (x) x}`` (``k <= 2C``) under replace-one. Hence
+``|<b, v>| <= ||P_S b|| ||v|| <= ||P_S b|| Delta`` with ``Delta = K`` or ``2K``,
+and ``||P_S b|| / sigma`` is chi-distributed with ``k`` degrees of freedom (``b``
+is isotropic and ``S`` does not depend on it). With ``t = chi_k^{-1}(1 - delta)``
+(exact float64 quantile, ``<= sqrt(k) + sqrt(2 log(1/delta))``), outside an
+event of probability ``delta``: ``log ratio <= t Delta/sigma + Delta^2/(2 sigma^2)
+<= eps/2`` iff ``sigma >= Delta (t + sqrt(t^2 + eps)) / eps``. We use
+``sigma = max(paper, chi)``: for ``C = 1`` the chi value is never larger than the
+paper's ``(Delta/eps) sqrt(8 log(2/delta) + 4 eps)`` (``k <= 2``, ``t <=
+sqrt(2 log(2/delta))``, and ``t + sqrt(t^2+eps) <= 2 sqrt(t^2 + eps)``), so the
+paper's constant is proven and kept there; for ``C > 1`` the chi value is larger
+(e.g. ``C = 10``, replace-one, ``delta = 1e-5``: about 1.5x) and is used.
+
+Approximate minimisers: Approximate Minima Perturbation (Iyengar et al. 2019).
+The density arguments hold at the exact minimiser ``theta*_b`` of the perturbed
+objective. The solver returns ``theta_hat`` with a certified
+``||theta_hat - theta*_b|| <= r = tol / Lambda`` on every dataset
+(:mod:`jaxdp.training.certified_solve`; ``Lambda = l2_reg + extra_l2`` is the
+strong convexity of the PERTURBED objective), and we release
+``Y = theta_hat + Z`` with output noise ``Z`` of L2 sensitivity ``2r``.
+Split ``eps = eps1 + eps2``, ``delta = delta1 + delta2`` (``eps2 = f eps``,
+``f = amp_fraction``). Proof: write ``theta_hat = theta*_b + e(b, D)``, with
+``||e(b, D)|| <= r`` (the solver is deterministic given ``b`` and ``D``, and
+``b -> theta*_b`` is a bijection for each ``D``, so ``e`` is a function of
+``(theta*_b, D)``). The release is post-processing of the ADAPTIVE composition
+of ``M1: D -> t = theta*_b``, ``(eps1, delta1)``-DP by paper 000 Thm 3/4 (or
+paper 003 Thm 1), and ``M2: (t, D) -> t + e(t, D) + Z``, which for every fixed
+``t`` is ``(eps2, delta2)``-DP because ``||e(t, D) - e(t, D')|| <= 2r`` (L2
+sensitivity ``2r``). Basic composition: ``(eps1 + eps2, delta1 + delta2)``-DP.
+With ``delta = 0`` both parts are pure (L2-Laplace ``Z``, ``beta2 = eps2/(2r)``);
+with ``delta > 0``, ``delta2 = f delta`` and ``Z`` is the analytic Gaussian at
+``(eps2, delta2)`` on ``2r`` (``delta1 = (1 - f) delta``). The event is
+``ComposedDpEvent([objective event, output event])`` (replace-one, as today),
+which any accountant composes as the two adaptive releases they are.
+
+Default ``tol`` (``tol=None``): the output noise's expected norm is
+``amp_noise_ratio`` (1%) of the expected norm of the objective noise's effect
+``||B|| / (N Lambda)`` (:func:`amp_default_tol`), so with ``f = 0.01`` AMP costs
+about 1% more objective noise (``eps1 = 0.99 eps``) and a negligible
+independent output noise. That tol is usually below float32 L-BFGS's floor; the
+float64 polish of :mod:`jaxdp.training.certified_solve` reaches it.
 """
 
 from __future__ import annotations
@@ -73,12 +117,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from scipy import stats
+
 from jaxdp import _validation
 from jaxdp.accounting import events
+from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
 from jaxdp.mechanisms.gaussian import gaussian_noise
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
-from jaxdp.training import linear, linear_losses
+from jaxdp.training import certified_solve, linear, linear_losses
 
 NEIGHBOURING = ("add_remove", "replace_one")
 
@@ -169,10 +216,36 @@ def loss_perturbation_calibration(
   if delta == 0.0:
     beta = eps / (2.0 * k * factor)
     return ObjectivePerturbationCalibration("l2_laplace", beta, rho / n, rho, eps / 2.0,
-                                            neighbouring, events.PureDpEvent(eps))
-  sigma = factor * (k / eps) * math.sqrt(8.0 * math.log(2.0 / delta) + 4.0 * eps)
+                                            neighbouring,
+                                            events.PureDpEvent(eps, neighbouring=neighbouring))
+  sigma = gaussian_loss_perturbation_sigma(eps, delta, num_classes=c, lipschitz=k,
+                                           neighbouring=neighbouring)
   return ObjectivePerturbationCalibration("gaussian", sigma, rho / n, rho, eps / 2.0,
-                                          neighbouring, events.ApproxDpEvent(eps, delta))
+                                          neighbouring,
+                                          events.ApproxDpEvent(eps, delta, neighbouring=neighbouring))
+
+
+def gaussian_loss_perturbation_sigma(epsilon: float, delta: float, *, num_classes: int,
+                                     lipschitz: float = linear_losses.SOFTMAX_LIPSCHITZ,
+                                     neighbouring: str = "replace_one") -> float:
+  """``sigma = max(paper, chi)`` of Gaussian loss perturbation (module docstring, item C > 1).
+
+  ``Delta = K`` (add/remove) or ``2K`` (replace-one); paper 000 Alg. 5:
+  ``(Delta/eps) sqrt(8 log(2/delta) + 4 eps)``; chi: ``Delta (t + sqrt(t^2 + eps))/eps``
+  with ``t = chi_k^{-1}(1 - delta)``, ``k = C`` (add/remove) or ``2C`` (replace-one).
+  """
+  if neighbouring not in NEIGHBOURING:
+    raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}.")
+  eps = _validation.check_epsilon(epsilon, "epsilon")
+  dlt = _validation.check_delta(delta, "delta", allow_zero=False)
+  c = _validation.check_positive_int(num_classes, "num_classes")
+  sens = _validation.check_positive(lipschitz, "lipschitz") * (
+      1.0 if neighbouring == "add_remove" else 2.0)
+  paper = (sens / eps) * math.sqrt(8.0 * math.log(2.0 / dlt) + 4.0 * eps)
+  k = c if neighbouring == "add_remove" else 2 * c
+  t = float(stats.chi.isf(dlt, k))
+  chi = sens * (t + math.sqrt(t * t + eps)) / eps
+  return max(paper, chi)
 
 
 def objective_perturbation_calibration(
@@ -204,14 +277,126 @@ def objective_perturbation_calibration(
   eps_prime = eps - math.log1p(t / (n * lam)) if lam > 0 else -math.inf
   if eps_prime > 0:
     return ObjectivePerturbationCalibration("l2_laplace", eps_prime / 2.0, 0.0, None, eps_prime,
-                                            "replace_one", events.PureDpEvent(eps))
+                                            "replace_one",
+                                            events.PureDpEvent(eps, neighbouring="replace_one"))
   if not allow_extra_l2:
     raise ValueError(
         f"l2_reg must be > t / (N (e^epsilon - 1)) = {t / (n * math.expm1(eps)):.6g} "
         f"(paper 003 Alg. 1: c = l2_reg/2 > t/(2n(e^eps - 1))), got {lam}; or allow_extra_l2=True.")
   extra = t / (n * math.expm1(eps / 2.0)) - lam
   return ObjectivePerturbationCalibration("l2_laplace", eps / 4.0, extra, None, eps / 2.0,
-                                          "replace_one", events.PureDpEvent(eps))
+                                          "replace_one",
+                                          events.PureDpEvent(eps, neighbouring="replace_one"))
+
+
+class AmpCalibration(NamedTuple):
+  """Approximate Minima Perturbation: the objective part and the output-noise part.
+
+  Attributes:
+    objective: :class:`ObjectivePerturbationCalibration` at ``(eps1, delta1)``.
+    output_noise: ``"l2_laplace"`` (scale = beta2) or ``"gaussian"`` (scale = sigma2).
+    output_scale: beta2 or sigma2.
+    output_sensitivity: ``2 r = 2 tol / Lambda``.
+    tol: the certified gradient-norm tolerance.
+    radius: ``r = tol / Lambda``.
+    strong_convexity: ``Lambda = l2_reg + extra_l2``.
+    epsilon_split, delta_split: ``(eps1, eps2)``, ``(delta1, delta2)``.
+    event: ``ComposedDpEvent([objective event, output event])``.
+  """
+
+  objective: ObjectivePerturbationCalibration
+  output_noise: str
+  output_scale: float
+  output_sensitivity: float
+  tol: float
+  radius: float
+  strong_convexity: float
+  epsilon_split: tuple
+  delta_split: tuple
+  event: Any
+
+
+def _check_fraction(f):
+  f = float(f)
+  if not 0.0 < f < 1.0:
+    raise ValueError(f"amp_fraction must be in (0, 1), got {f}.")
+  return f
+
+
+def amp_default_tol(objective: ObjectivePerturbationCalibration, *, epsilon2: float,
+                    delta2: float, num_examples: int, dim: int, noise_ratio: float = 0.01) -> float:
+  """``tol`` making E||Z|| = ``noise_ratio`` * E||B||/(N Lambda) (module docstring).
+
+  ``E||B|| = dim / beta1`` (L2-Laplace) or ``~ sigma1 sqrt(dim)`` (Gaussian); the output
+  noise on sensitivity ``2 tol/Lambda`` has ``E||Z|| = (tol/Lambda) kappa2`` with
+  ``kappa2 = 2 dim / eps2`` or ``sqrt(dim) sigma_AG(eps2, delta2, 2)``; ``Lambda`` cancels.
+  """
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  d = _validation.check_positive_int(dim, "dim")
+  b_norm = d / objective.scale if objective.noise == "l2_laplace" else objective.scale * math.sqrt(d)
+  if delta2 == 0.0:
+    kappa2 = 2.0 * d / epsilon2
+  else:
+    kappa2 = math.sqrt(d) * float(analytic_gaussian_sigma(epsilon2, delta2, 2.0))
+  return noise_ratio * b_norm / (n * kappa2)
+
+
+def amp_calibration(objective_calibration_fn, *, epsilon: float, delta: float,
+                    amp_fraction: float, tol: float | None, num_examples: int, dim: int,
+                    l2_reg: float, loss: str, h: float = 0.5) -> AmpCalibration:
+  """Splits ``(eps, delta)`` and calibrates both AMP parts (module docstring).
+
+  ``objective_calibration_fn(eps1, delta1)`` returns the objective part; ``dim`` is the
+  number of weights (``D C`` or ``D``).
+  """
+  f = _check_fraction(amp_fraction)
+  eps = _validation.check_epsilon(epsilon, "epsilon")
+  dlt = _validation.check_delta(delta, "delta")
+  eps1, eps2 = (1.0 - f) * eps, f * eps
+  d1, d2 = (1.0 - f) * dlt, f * dlt
+  obj = objective_calibration_fn(eps1, d1)
+  lam = float(l2_reg) + obj.extra_l2
+  if not lam > 0:
+    raise ValueError("l2_reg: the perturbed objective must be strongly convex "
+                     "(l2_reg + extra_l2 > 0).")
+  if tol is None:
+    tol = amp_default_tol(obj, epsilon2=eps2, delta2=d2, num_examples=num_examples, dim=dim)
+  tol = certified_solve.check_tol(tol, num_examples=num_examples, dim=dim, loss=loss, h=h)
+  r = tol / lam
+  sens = 2.0 * r
+  if dlt == 0.0:
+    noise, scale, out_event = "l2_laplace", eps2 / sens, events.PureDpEvent(
+        eps2, neighbouring=obj.neighbouring)  # same relation as the objective part
+  else:
+    noise, scale = "gaussian", float(analytic_gaussian_sigma(eps2, d2, sens))
+    out_event = events.ApproxDpEvent(eps2, d2, neighbouring=obj.neighbouring)
+  return AmpCalibration(obj, noise, scale, sens, tol, r, lam, (eps1, eps2), (d1, d2),
+                        events.ComposedDpEvent([obj.event, out_event]))
+
+
+def loss_perturbation_amp_calibration(
+    *, epsilon: float, num_examples: int, num_classes: int, dim: int, delta: float = 0.0,
+    rho: float | None = None, neighbouring: str = "replace_one", l2_reg: float = 0.0,
+    amp_fraction: float = 0.01, tol: float | None = None) -> AmpCalibration:
+  """AMP calibration of :func:`loss_perturbation` (``dim`` = number of features D)."""
+  fn = lambda e1, d1: loss_perturbation_calibration(
+      epsilon=e1, delta=d1, num_examples=num_examples, num_classes=num_classes, rho=rho,
+      neighbouring=neighbouring, l2_reg=l2_reg)
+  return amp_calibration(fn, epsilon=epsilon, delta=delta, amp_fraction=amp_fraction, tol=tol,
+                         num_examples=num_examples, dim=int(dim) * int(num_classes),
+                         l2_reg=l2_reg, loss="softmax")
+
+
+def objective_perturbation_amp_calibration(
+    *, epsilon: float, num_examples: int, dim: int, l2_reg: float, loss: str = "logistic",
+    h: float = 0.5, allow_extra_l2: bool = True, amp_fraction: float = 0.01,
+    tol: float | None = None) -> AmpCalibration:
+  """AMP calibration of :func:`objective_perturbation` (pure DP; ``dim`` = D)."""
+  fn = lambda e1, d1: objective_perturbation_calibration(
+      epsilon=e1, num_examples=num_examples, l2_reg=l2_reg, loss=loss, h=h,
+      allow_extra_l2=allow_extra_l2)
+  return amp_calibration(fn, epsilon=epsilon, delta=0.0, amp_fraction=amp_fraction, tol=tol,
+                         num_examples=num_examples, dim=int(dim), l2_reg=l2_reg, loss=loss, h=h)
 
 
 @functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter"))
@@ -223,8 +408,9 @@ def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, loss, n
     b = l2_laplace_noise(key, shape, scale, x.dtype)
   else:
     b = gaussian_noise(key, shape, scale, x.dtype)
-  return linear._fit(x, y, l2_reg, h, b / n, extra_l2, tol, loss=loss, num_classes=num_classes,
-                     max_iter=max_iter, has_linear=True)
+  model = linear._fit(x, y, l2_reg, h, b / n, extra_l2, tol, loss=loss, num_classes=num_classes,
+                      max_iter=max_iter, has_linear=True)
+  return model, b
 
 
 @functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter", "mode"))
@@ -235,31 +421,56 @@ def _perturbed_fit_many(keys, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, l
   return jax.vmap(fit)(keys) if mode == "vmap" else jax.lax.map(fit, keys)
 
 
-def _run(key, x, y, cal, *, loss, num_classes, l2_reg, h, max_iter, tol, normalize, method,
-         batch_mode):
-  num_classes = linear._check_common(loss, num_classes, l2_reg, 0.0, h, max_iter, tol)
+def _output_noise(key, shape, amp):
+  """Float32 AMP output noise ``Z`` (one draw per key), scale rounded towards more noise."""
+  scale = noise_scale_as(amp.output_scale, jnp.float32, round_up=amp.output_noise != "l2_laplace")
+  if amp.output_noise == "l2_laplace":
+    draw = lambda k: l2_laplace_noise(k, shape, scale, jnp.float32)
+  else:
+    draw = lambda k: gaussian_noise(k, shape, scale, jnp.float32)
+  return jax.vmap(draw)(key) if linear.is_key_batch(key) else draw(key)
+
+
+def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, batch_mode):
+  """Perturbed fit(s), float64 certificate/repair, then AMP output noise (module docstring)."""
+  # L-BFGS aims at the certificate's tol but not below the float32 floor (~1e-7);
+  # the float64 polish of certified_solve takes it the rest of the way.
+  lbfgs_tol = max(amp.tol, 1e-7)
+  num_classes = linear._check_common(loss, num_classes, l2_reg, 0.0, h, max_iter, lbfgs_tol)
   x = linear.check_features(x, "x", normalize=normalize)
   y = linear.check_labels(y, loss, num_classes, np.shape(x)[0])
-  if cal.noise == "none":
-    model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, loss=loss, h=h,
-                              max_iter=max_iter, tol=tol)
-    w, info = model.weights, model.info
-    if linear.is_key_batch(key):
-      m = jnp.shape(key)[0]
-      w = jnp.broadcast_to(w, (m,) + w.shape)
-      info = jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), info)
+  n = np.shape(x)[0]
+  cal = amp.objective
+  xj, yj = jnp.asarray(x, jnp.float32), jnp.asarray(y)
+  kw = dict(noise=cal.noise, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter))
+  # float64 -> float32 towards more noise: sigma rounded up, the L2-Laplace beta down.
+  scale = noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
+  args = (xj, yj, scale, cal.extra_l2, l2_reg, h, lbfgs_tol)
+  batched = linear.is_key_batch(key)
+  if batched:
+    split = jax.vmap(jax.random.split)(key)  # (M, 2): independent objective / output keys
+    obj_keys, out_keys = split[:, 0], split[:, 1]
+    model, b = _perturbed_fit_many(obj_keys, *args, mode=linear.resolve_batch_mode(batch_mode), **kw)
   else:
-    xj, yj = jnp.asarray(x, jnp.float32), jnp.asarray(y)
-    kw = dict(noise=cal.noise, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter))
-    # float64 -> float32 towards more noise: sigma rounded up, the L2-Laplace beta down.
-    scale = noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
-    args = (xj, yj, scale, cal.extra_l2, l2_reg, h, tol)
-    if linear.is_key_batch(key):
-      model = _perturbed_fit_many(key, *args, mode=linear.resolve_batch_mode(batch_mode), **kw)
-    else:
-      model = _perturbed_fit(key, *args, **kw)
-    w, info = model.weights, model.info
-  linear.require_converged(info, method)
+    obj_keys, out_keys = jax.random.split(key)
+    model, b = _perturbed_fit(obj_keys, *args, **kw)
+  cert = certified_solve.certify_minimizers(
+      model.weights, x, y, loss=loss, h=h, l2_total=amp.strong_convexity, tol=amp.tol,
+      linear_term=np.asarray(b, np.float64) / n, batched=batched)
+  z = np.asarray(_output_noise(out_keys, tuple(np.shape(cert.weights))[int(batched):], amp),
+                 np.float64)
+  w = jnp.asarray((cert.weights + z).astype(np.float32))
+  return linear.PrivateLinearModel(w, model.info, amp.event, amp, cert)
+
+
+def _non_private(key, x, y, *, loss, num_classes, l2_reg, h, max_iter, tol, normalize, cal):
+  model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, loss=loss, h=h,
+                            max_iter=max_iter, tol=tol, normalize=normalize)
+  w, info = model.weights, model.info
+  if linear.is_key_batch(key):
+    m = jnp.shape(key)[0]
+    w = jnp.broadcast_to(w, (m,) + w.shape)
+    info = jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), info)
   return linear.PrivateLinearModel(w, info, cal.event, cal)
 
 
@@ -275,33 +486,48 @@ def loss_perturbation(
     rho: float | None = None,
     neighbouring: str = "replace_one",
     max_iter: int = 500,
-    tol: float = 1e-6,
+    tol: float | None = None,
+    amp_fraction: float = 0.01,
     normalize: bool = False,
     batch_mode: str = "auto",
 ) -> linear.PrivateLinearModel:
-  """Multiclass loss perturbation (paper 000 Alg. 4 for delta = 0, Alg. 5 for delta > 0).
+  """Multiclass loss perturbation (paper 000 Alg. 4 / Alg. 5) with Approximate Minima Perturbation.
 
   Minimises ``(1/N) sum l + (lambda/2)||theta||^2 + (1/N) tr(B^T theta) + (rho/(2N))||theta||^2``
-  with ``B`` and ``rho`` from :func:`loss_perturbation_calibration`. A batch of
-  keys trains one model per key in a single compiled call (``batch_mode``:
-  ``"vmap"``, ``"map"`` or ``"auto"``, see
-  :func:`jaxdp.training.linear.resolve_batch_mode`). ``epsilon = inf`` returns
-  exactly the non-private model. The guarantee is for replace-one neighbours
-  (default) or, with ``neighbouring="add_remove"`` (the paper's beta = eps/(2K),
-  half the noise), for add/remove neighbours; ``l2_reg > 0`` is only allowed
-  with ``"replace_one"`` (under add/remove regularise with ``rho``; module docstring).
+  with ``B`` and ``rho`` from :func:`loss_perturbation_calibration` at
+  ``(eps1, delta1) = (1 - f)(eps, delta)``, certifies the minimiser to within
+  ``r = tol/Lambda`` (never refusing), and releases ``theta_hat + Z`` with output noise
+  of sensitivity ``2r`` at ``(eps2, delta2) = f (eps, delta)``, ``f = amp_fraction``
+  (module docstring; :func:`loss_perturbation_amp_calibration`). ``tol=None``
+  picks the tol that makes ``Z`` about 1% of the objective noise's effect. The
+  event is ``ComposedDpEvent([objective, output])``, totalling ``(eps, delta)``.
+  A batch of keys trains one model per key in a single compiled call
+  (``batch_mode``, see :func:`jaxdp.training.linear.resolve_batch_mode`).
+  ``epsilon = inf`` returns exactly the non-private model (fitted to ``tol`` or 1e-6).
+  Neighbouring relation: replace-one (default) or ``"add_remove"`` (only with
+  ``l2_reg = 0``; module docstring).
 
   Raises:
     ValueError: bad privacy parameters, rows outside the unit ball (see
-      :func:`jaxdp.data.normalize_rows` or ``normalize=True``), bad labels.
-    RuntimeError: a fit did not reach ``tol`` (nothing is released).
+      :func:`jaxdp.data.normalize_rows` or ``normalize=True``), bad labels, bad tol.
+    CertificationError: only through float64 round-off (see :mod:`jaxdp.training.certified_solve`).
   """
-  cal = loss_perturbation_calibration(epsilon=epsilon, delta=delta, num_examples=int(np.shape(x)[0]),
-                                      num_classes=num_classes, rho=rho, neighbouring=neighbouring,
-                                      l2_reg=l2_reg)
-  return _run(key, x, y, cal, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
-              max_iter=max_iter, tol=tol, normalize=normalize, method="loss_perturbation",
-              batch_mode=batch_mode)
+  _validation.check_key(key, allow_batch=True)
+  n = int(np.shape(x)[0])
+  eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+  if math.isinf(eps):
+    cal = loss_perturbation_calibration(epsilon=eps, delta=delta, num_examples=n,
+                                        num_classes=num_classes, rho=rho,
+                                        neighbouring=neighbouring, l2_reg=l2_reg)
+    return _non_private(key, x, y, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
+                        max_iter=max_iter, tol=1e-6 if tol is None else tol,
+                        normalize=normalize, cal=cal)
+  amp = loss_perturbation_amp_calibration(
+      epsilon=eps, delta=delta, num_examples=n, num_classes=num_classes,
+      dim=int(np.shape(x)[1]), rho=rho, neighbouring=neighbouring, l2_reg=l2_reg,
+      amp_fraction=amp_fraction, tol=tol)
+  return _run(key, x, y, amp, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
+              max_iter=max_iter, normalize=normalize, batch_mode=batch_mode)
 
 
 def objective_perturbation(
@@ -315,20 +541,31 @@ def objective_perturbation(
     h: float = 0.5,
     allow_extra_l2: bool = True,
     max_iter: int = 500,
-    tol: float = 1e-6,
+    tol: float | None = None,
+    amp_fraction: float = 0.01,
     normalize: bool = False,
     batch_mode: str = "auto",
 ) -> linear.PrivateLinearModel:
-  """Binary objective perturbation (paper 003 Alg. 1; Chaudhuri et al. 2011), eps-DP.
+  """Binary objective perturbation (paper 003 Alg. 1; Chaudhuri et al. 2011) with AMP, eps-DP.
 
   Minimises ``(1/N) sum f(s_n theta^T x_n) + ((lambda + Delta)/2)||theta||^2 + (1/N) beta^T theta``,
   ``p(beta) ∝ exp(-gamma ||beta||)``, with ``gamma`` and ``Delta`` from
-  :func:`objective_perturbation_calibration`. ``loss`` is ``"logistic"`` or
-  ``"huber"`` (width ``h``). Labels in ``{0, 1}`` or ``{-1, 1}``.
+  :func:`objective_perturbation_calibration` at ``eps1 = (1 - f) eps``, then adds
+  L2-Laplace output noise of sensitivity ``2 tol/Lambda`` at ``eps2 = f eps``
+  (Approximate Minima Perturbation, module docstring). ``loss`` is ``"logistic"``
+  or ``"huber"`` (width ``h``). Labels in ``{0, 1}`` or ``{-1, 1}``.
   """
-  cal = objective_perturbation_calibration(epsilon=epsilon, num_examples=int(np.shape(x)[0]),
-                                           l2_reg=l2_reg, loss=loss, h=h,
-                                           allow_extra_l2=allow_extra_l2)
-  return _run(key, x, y, cal, loss=loss, num_classes=None, l2_reg=l2_reg, h=h, max_iter=max_iter,
-              tol=tol, normalize=normalize, method="objective_perturbation",
-              batch_mode=batch_mode)
+  _validation.check_key(key, allow_batch=True)
+  n = int(np.shape(x)[0])
+  eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+  if math.isinf(eps):
+    cal = objective_perturbation_calibration(epsilon=eps, num_examples=n, l2_reg=l2_reg,
+                                             loss=loss, h=h, allow_extra_l2=allow_extra_l2)
+    return _non_private(key, x, y, loss=loss, num_classes=None, l2_reg=l2_reg, h=h,
+                        max_iter=max_iter, tol=1e-6 if tol is None else tol,
+                        normalize=normalize, cal=cal)
+  amp = objective_perturbation_amp_calibration(
+      epsilon=eps, num_examples=n, dim=int(np.shape(x)[1]), l2_reg=l2_reg, loss=loss, h=h,
+      allow_extra_l2=allow_extra_l2, amp_fraction=amp_fraction, tol=tol)
+  return _run(key, x, y, amp, loss=loss, num_classes=None, l2_reg=l2_reg, h=h,
+              max_iter=max_iter, normalize=normalize, batch_mode=batch_mode)

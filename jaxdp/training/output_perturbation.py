@@ -22,11 +22,18 @@ sensitivity ``1/(nc) = 2/(N lambda)`` is Lemma 1 with ``K = |f'| <= 1``. Then
 (rho-zCDP, Bun & Steinke Prop. 3: ``sigma = Delta / sqrt(2 rho)``).
 
 Inexact minimisation. Lemma 1 bounds the distance between *exact* minimisers.
-L-BFGS stops at ``||grad J|| <= tol``; by lambda-strong convexity the iterate
-is within ``tol / lambda`` of the minimiser, so we calibrate to
-``Delta = 2K/(N lambda) + 2 tol / lambda`` (the paper's formula is the
-``tol -> 0`` limit, available with ``solver_tol=0`` in the calibration), and
-refuse to release a fit that did not reach ``tol``.
+The released point ``theta_hat`` is certified by
+:func:`jaxdp.training.certified_solve.certify_minimizers` to lie within
+``r = tol / lambda`` of the exact minimiser on EVERY dataset meeting the
+assumptions (float64 certificate ``||grad J(theta_hat)|| <= tol`` and, when the
+float32 L-BFGS iterate does not pass it, a float64 polish / accelerated
+gradient fallback with a data-independent iteration bound). By the triangle
+inequality ``||theta_hat(D) - theta_hat(D')|| <= 2r + 2K/(N lambda)``, so we
+calibrate to ``Delta = 2K/(N lambda) + 2 tol / lambda`` (the paper's formula
+is the ``tol -> 0`` limit, ``solver_tol=0`` in the calibration). Nothing is
+refused: a refusal that depends on whether the solver converged on ``D``
+would itself leak. The noise is added to the float64 certified point and the
+sum rounded to float32 (post-processing).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxdp import _validation
 from jaxdp.accounting import events
@@ -44,7 +52,7 @@ from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
 from jaxdp.mechanisms.gaussian import gaussian_noise
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
-from jaxdp.training import linear, linear_losses
+from jaxdp.training import certified_solve, linear, linear_losses
 
 
 class OutputPerturbationCalibration(NamedTuple):
@@ -137,6 +145,7 @@ def perturb_weights(key: jax.Array, weights: jax.Array,
 
   ``key`` may be a batch of keys: returns one noisy copy per key (leading axis).
   """
+  _validation.check_key(key, allow_batch=True)
   weights = jnp.asarray(weights)
   if calibration.noise == "none":
     if linear.is_key_batch(key):
@@ -150,7 +159,6 @@ def perturb_weights(key: jax.Array, weights: jax.Array,
   return _add_noise(key, weights, scale, calibration.noise)
 
 
-  _validation.check_key(key, allow_batch=True)
 def output_perturbation(
     key: jax.Array,
     x: Any,
@@ -169,17 +177,22 @@ def output_perturbation(
 ) -> linear.PrivateLinearModel:
   """Output perturbation for any of the linear losses (paper 000 Alg. 1/3, paper 003 Alg. 4).
 
-  Trains ``argmin (1/N) sum l + (lambda/2)||theta||^2`` once, checks the solver
-  converged, and adds noise calibrated by :func:`output_perturbation_calibration`
-  with ``K = lipschitz_constant(loss)`` and ``solver_tol = tol``. With a batch
-  of keys, returns one independent release per key (``count = M`` events).
-  ``epsilon = inf`` returns exactly the non-private model.
+  Trains ``argmin (1/N) sum l + (lambda/2)||theta||^2`` once (float32 L-BFGS),
+  certifies the result in float64 (repairing it if needed, so it is always within
+  ``tol/lambda`` of the exact minimiser; see
+  :mod:`jaxdp.training.certified_solve`), and adds noise calibrated by
+  :func:`output_perturbation_calibration` with ``K = lipschitz_constant(loss)``
+  and ``solver_tol = tol``. With a batch of keys, returns one independent
+  release per key (``count = M`` events). ``epsilon = inf`` returns exactly the
+  (certified) non-private model.
 
   Raises:
     ValueError: bad privacy parameters, ``l2_reg <= 0``, rows outside the unit
-      ball (see :func:`jaxdp.data.normalize_rows` or ``normalize=True``), bad labels.
-    RuntimeError: the solver did not converge (nothing is released).
+      ball (see :func:`jaxdp.data.normalize_rows` or ``normalize=True``), bad
+      labels, ``tol`` at the float64 floor.
+    CertificationError: only through float64 round-off (never for a valid ``tol``).
   """
+  _validation.check_key(key, allow_batch=True)
   _validation.check_positive(l2_reg, "l2_reg")
   n = int(jnp.shape(x)[0])
   cal = output_perturbation_calibration(
@@ -187,9 +200,26 @@ def output_perturbation(
       lipschitz=linear_losses.lipschitz_constant(loss), solver_tol=tol)
   model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, loss=loss, h=h,
                             max_iter=max_iter, tol=tol, normalize=normalize)
-  linear.require_converged(model.info, "output_perturbation")
-  return linear.PrivateLinearModel(perturb_weights(key, model.weights, cal), model.info,
-                                   cal.event, cal)
+  x_c = linear.check_features(x, "x", normalize=normalize)
+  y_c = linear.check_labels(y, loss, num_classes, n)
+  certified_solve.check_tol(tol, num_examples=n, dim=int(np.size(model.weights)), loss=loss, h=h)
+  cert = certified_solve.certify_minimizers(model.weights, x_c, y_c, loss=loss, h=h,
+                                            l2_total=float(l2_reg), tol=float(tol))
+  return linear.PrivateLinearModel(add_noise_float64(key, cert.weights, cal), model.info,
+                                   cal.event, cal, cert)
+
+
+def add_noise_float64(key: jax.Array, weights64: np.ndarray,
+                      calibration: OutputPerturbationCalibration) -> jax.Array:
+  """``float32(weights64 + noise)``: the noise is drawn as :func:`perturb_weights` draws it.
+
+  The sum is formed in float64 (the certified point is float64) and rounded to
+  float32 afterwards, which is post-processing of the noisy release.
+  """
+  w64 = np.asarray(weights64, np.float64)
+  noise = np.asarray(perturb_weights(key, jnp.zeros(w64.shape, jnp.float32), calibration),
+                     np.float64)
+  return jnp.asarray((w64 + noise).astype(np.float32))
 
 
 def model_sensitivity(
@@ -197,7 +227,6 @@ def model_sensitivity(
     x: Any,
     y: Any,
     *,
-  _validation.check_key(key, allow_batch=True)
     num_classes: int,
     l2_reg: float,
     epsilon: float,

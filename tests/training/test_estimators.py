@@ -29,7 +29,10 @@ def test_fit_predict_score_and_accountant():
   np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
   assert set(np.unique(clf.predict(x))) <= {"cat", "dog", "eel"}
   assert clf.score(x, labels) > 0.5
-  assert acc.ledger == ((events.PureDpEvent(5.0, neighbouring="replace_one"), 1),)
+  # Approximate Minima Perturbation: 99% of eps on the objective noise, 1% on the output noise.
+  assert acc.ledger == ((events.ComposedDpEvent([
+      events.PureDpEvent(0.99 * 5.0, neighbouring="replace_one"),
+      events.PureDpEvent(0.01 * 5.0, neighbouring="replace_one")]), 1),)
   clf.fit(x, labels)  # a second fit spends again, with a fresh key
   assert acc.pure_epsilon() == pytest.approx(10.0)
 
@@ -46,7 +49,8 @@ def test_loss_perturbation_estimator_uses_replace_one_neighbours():
   ref = objective_perturbation.loss_perturbation(
       jax.random.fold_in(jax.random.key(3), 0), x, y, num_classes=3, epsilon=1.0, l2_reg=1e-3,
       neighbouring="replace_one")
-  assert ref.calibration.scale == pytest.approx(1.0 / (4 * math.sqrt(2)))
+  assert ref.calibration.objective.scale == pytest.approx(0.99 / (4 * math.sqrt(2)))
+  assert ref.calibration.objective.neighbouring == "replace_one"
   np.testing.assert_allclose(w, ref.weights, rtol=1e-5, atol=1e-6)
 
 
@@ -114,7 +118,11 @@ def test_binary_methods_and_gaussian_delta():
     assert clf.predict_proba(x).shape == (300, 2)
   acc = PrivacyAccountant()
   PrivateLogisticRegression(epsilon=1.0, delta=1e-5, accountant=acc).fit(x, labels)
-  assert acc.ledger[0][0] == events.ApproxDpEvent(1.0, 1e-5, neighbouring="replace_one")
+  parts = acc.ledger[0][0].events
+  assert [type(p) for p in parts] == [events.ApproxDpEvent] * 2
+  assert [p.epsilon for p in parts] == pytest.approx([0.99, 0.01])
+  assert [p.delta for p in parts] == pytest.approx([0.99e-5, 0.01e-5])
+  assert sum(p.delta for p in parts) == pytest.approx(1e-5, rel=1e-12)
 
 
 def test_validation():

@@ -10,7 +10,7 @@ from scipy import stats
 
 from jaxdp.audit import histogram_epsilon_lower_bound
 from jaxdp.accounting import events
-from jaxdp.training import linear, objective_perturbation as obp
+from jaxdp.training import certified_solve, linear, objective_perturbation as obp
 
 
 def _data(seed=0, n=60, d=3, c=2):
@@ -23,12 +23,15 @@ def _data(seed=0, n=60, d=3, c=2):
 def _recovered_noise(res, x, y, loss, l2_reg, h=0.5):
   """b = -N grad[(1/N) sum l + ((lambda + extra)/2)||theta||^2] at theta_priv (stationarity)."""
   n = x.shape[0]
-  lam = l2_reg + res.calibration.extra_l2
+  lam = l2_reg + res.calibration.objective.extra_l2
+  w = np.asarray(res.certificate.weights, np.float64)  # the certified minimiser, before Z
 
-  def grad_one(w):
-    return jax.grad(lambda v: linear.data_loss(v, x, y, loss=loss, h=h) + 0.5 * lam * jnp.sum(v * v))(w)
+  def grad_one(v):
+    _, g = certified_solve.objective_and_grad(v, x.astype(np.float64), y, loss=loss, h=h,
+                                              l2_total=lam)
+    return g
 
-  return -n * np.asarray(jax.vmap(grad_one)(res.weights), np.float64)
+  return -n * np.stack([grad_one(v) for v in w])
 
 
 # ---- calibration --------------------------------------------------------------------------
@@ -46,13 +49,17 @@ def test_loss_perturbation_calibration_formulas():
   assert cal.event == events.PureDpEvent(0.5, neighbouring="add_remove")
   cal_g = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10,
                                             neighbouring="add_remove")
-  assert cal_g.scale == pytest.approx((k / 0.5) * math.sqrt(8 * math.log(2 / 1e-5) + 4 * 0.5), rel=1e-12)
+  # C = 10 > 1: the chi-tail calibration (module docstring), larger than the paper's constant.
+  t = stats.chi.isf(1e-5, 10)
+  assert cal_g.scale == pytest.approx(k * (t + math.sqrt(t * t + 0.5)) / 0.5, rel=1e-12)
+  assert cal_g.scale > (k / 0.5) * math.sqrt(8 * math.log(2 / 1e-5) + 4 * 0.5)
   assert cal_g.event == events.ApproxDpEvent(0.5, 1e-5, neighbouring="add_remove")
   cal_r = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10)
   assert cal_r.neighbouring == "replace_one"  # the default: the other linear methods' relation
   assert cal_r.scale == pytest.approx(cal.scale / 2, rel=1e-12)  # ||b' - b|| <= 2K: beta = eps/(4K)
   cal_rg = obp.loss_perturbation_calibration(epsilon=0.5, delta=1e-5, num_examples=1000, num_classes=10)
-  assert cal_rg.scale == pytest.approx(2 * cal_g.scale, rel=1e-12)
+  t2 = stats.chi.isf(1e-5, 20)  # replace-one: b' - b in a 2C-dimensional subspace, Delta = 2K
+  assert cal_rg.scale == pytest.approx(2 * k * (t2 + math.sqrt(t2 * t2 + 0.5)) / 0.5, rel=1e-12)
   cal_big = obp.loss_perturbation_calibration(epsilon=0.5, num_examples=1000, num_classes=10, rho=100.0)
   assert cal_big.extra_l2 == pytest.approx(0.1)
   with pytest.raises(ValueError, match="rho"):
@@ -147,10 +154,10 @@ def test_loss_perturbation_noise_norm_gamma_law_and_convergence():
   keys = jax.random.split(jax.random.key(0), 600)
   res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01, tol=1e-6,
                               neighbouring="replace_one")
-  assert bool(np.all(res.info.converged)) and float(np.max(res.info.grad_norm)) <= 1e-6
+  assert np.all(res.certificate.distance <= res.calibration.radius)
   b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(600, -1)
   norms = np.linalg.norm(b, axis=1)
-  beta = res.calibration.scale
+  beta = res.calibration.objective.scale
   assert stats.kstest(norms, stats.gamma(a=6, scale=1 / beta).cdf).pvalue > 1e-3
   assert stats.kstest(norms, stats.gamma(a=6, scale=1.15 / beta).cdf).pvalue < 1e-3
 
@@ -160,7 +167,7 @@ def test_gaussian_loss_perturbation_noise_is_gaussian():
   keys = jax.random.split(jax.random.key(1), 300)
   res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=1.0, delta=1e-5, l2_reg=0.01,
                               neighbouring="replace_one")
-  b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(-1) / res.calibration.scale
+  b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(-1) / res.calibration.objective.scale
   assert stats.kstest(b, "norm").pvalue > 1e-3
   assert np.std(b) == pytest.approx(1.0, rel=0.05)
 
@@ -170,9 +177,9 @@ def test_binary_objective_perturbation_noise_gamma_law():
   keys = jax.random.split(jax.random.key(2), 600)
   for loss, tol in (("logistic", 1e-6), ("huber", 1e-6)):
     res = obp.objective_perturbation(keys, x, y, epsilon=1.0, l2_reg=0.05, loss=loss, h=0.5, tol=tol)
-    assert bool(np.all(res.info.converged)) and float(np.max(res.info.grad_norm)) <= tol
+    assert np.all(res.certificate.distance <= res.calibration.radius)
     norms = np.linalg.norm(_recovered_noise(res, x, y, loss, 0.05), axis=1)
-    gamma = res.calibration.scale
+    gamma = res.calibration.objective.scale
     assert stats.kstest(norms, stats.gamma(a=3, scale=1 / gamma).cdf).pvalue > 1e-3
     # Power: gamma = eps' instead of eps'/2 (or eps/2 vs eps/4 in the fallback) is rejected.
     assert stats.kstest(norms, stats.gamma(a=3, scale=0.5 / gamma).cdf).pvalue < 1e-6
@@ -208,10 +215,128 @@ def test_vmapped_equals_loop_and_key_determinism():
   np.testing.assert_array_equal(a.weights, b.weights)
 
 
-def test_unconverged_fit_is_not_released():
+def _scipy_minimizer(x, y, loss, lam, lin, shape, h=0.5):
+  """High-precision float64 minimiser of the (perturbed) objective (scipy L-BFGS-B, tiny gtol)."""
+  from scipy import optimize  # pylint: disable=import-outside-toplevel
+  fun = lambda v: (lambda fg: (fg[0], fg[1].reshape(-1)))(certified_solve.objective_and_grad(
+      v.reshape(shape), x.astype(np.float64), y, loss=loss, h=h, l2_total=lam, linear_term=lin))
+  res = optimize.minimize(fun, np.zeros(int(np.prod(shape))), jac=True, method="L-BFGS-B",
+                          options=dict(maxiter=5000, gtol=1e-13, ftol=0.0))
+  w = res.x.reshape(shape)
+  assert np.linalg.norm(certified_solve.objective_and_grad(
+      w, x.astype(np.float64), y, loss=loss, h=h, l2_total=lam, linear_term=lin)[1]) < 1e-10
+  return w
+
+
+def _drawn_objective_noise(key, shape, cal):
+  """The B that _run draws (first half of the key split), reproduced for the reference solve."""
+  from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
+  from jaxdp.mechanisms.l2_laplace import l2_laplace_noise  # pylint: disable=import-outside-toplevel
+  k_obj, _ = jax.random.split(key)
+  scale = noise_scale_as(cal.objective.scale, jnp.float32, round_up=False)
+  return np.asarray(l2_laplace_noise(k_obj, shape, scale, jnp.float32), np.float64)
+
+
+@pytest.mark.parametrize("method", ["loss", "binary"])
+def test_capped_fit_is_released_within_the_certified_radius(method):
+  """Review items 3/4: an L-BFGS fit capped at one iteration is NOT refused (the old code raised
+  RuntimeError, a data-dependent refusal); the released minimiser is within the certified
+  distance of the exact minimiser (scipy, float64), which is within r = tol/Lambda."""
+  x, y = _data(c=3 if method == "loss" else 2)
+  key = jax.random.key(7)
+  if method == "loss":
+    res = obp.loss_perturbation(key, x, y, num_classes=3, epsilon=1.0, l2_reg=0.01, max_iter=1)
+    shape, loss = (3, 3), "softmax"
+  else:
+    res = obp.objective_perturbation(key, x, y, epsilon=1.0, l2_reg=0.05, max_iter=1)
+    shape, loss = (3,), "logistic"
+  cal, cert = res.calibration, res.certificate
+  assert int(cert.route) > 0  # L-BFGS alone was not certified: a repair route was used
+  b = _drawn_objective_noise(key, shape, cal)
+  lam = cal.strong_convexity
+  w_star = _scipy_minimizer(x, y, loss, lam, b / x.shape[0], shape)
+  err = np.linalg.norm(cert.weights - w_star)
+  assert err <= cert.distance <= cal.radius == pytest.approx(cal.tol / lam)
+  # The released weights are the certified point plus the AMP output noise (float32 rounding).
+  assert np.linalg.norm(np.asarray(res.weights, np.float64) - cert.weights) > 0
+
+
+def test_accelerated_gradient_fallback_certifies_from_any_start():
+  """Route 2 alone (no polish): Nesterov AGD with the data-independent iteration bound."""
   x, y = _data(c=3)
-  with pytest.raises(RuntimeError, match="nothing is released"):
-    obp.loss_perturbation(jax.random.key(0), x, y, num_classes=3, epsilon=1.0, max_iter=1)
+  lam, tol = 0.01, 1e-7
+  start = np.full((3, 3), 50.0)  # far away, outside the ball ||theta|| <= K/lambda's reach
+  sol = certified_solve.certify_minimizers(start, x, y, loss="softmax", h=0.5, l2_total=lam,
+                                           tol=tol, polish=False)
+  assert int(sol.route) == 2
+  w_star = _scipy_minimizer(x, y, "softmax", lam, None, (3, 3))
+  assert np.linalg.norm(sol.weights - w_star) <= sol.distance <= tol / lam
+  bound = certified_solve.accelerated_gradient_iterations(lam, 0.5 + lam, 2 * math.sqrt(2) / lam, tol)
+  assert 0 < int(sol.iterations) <= bound
+
+
+def test_amp_split_events_and_output_noise_scale():
+  """eps1 + eps2 = eps (delta1 + delta2 = delta); beta2 = eps2 / (2 tol/Lambda); sigma2 analytic."""
+  from jaxdp.accounting import analytic_gaussian_sigma  # pylint: disable=import-outside-toplevel
+  amp = obp.loss_perturbation_amp_calibration(epsilon=2.0, num_examples=500, num_classes=3, dim=4,
+                                              l2_reg=0.01, amp_fraction=0.05, tol=1e-6)
+  assert sum(amp.epsilon_split) == pytest.approx(2.0, rel=1e-12)
+  assert amp.epsilon_split[1] == pytest.approx(0.1)
+  assert amp.objective.scale == pytest.approx(1.9 / (4 * math.sqrt(2)), rel=1e-12)
+  lam = 0.01 + amp.objective.extra_l2
+  assert amp.strong_convexity == pytest.approx(lam)
+  assert amp.output_sensitivity == pytest.approx(2e-6 / lam, rel=1e-12)
+  assert amp.output_scale == pytest.approx(0.1 / (2e-6 / lam), rel=1e-12)
+  assert [type(e) for e in amp.event.events] == [events.PureDpEvent] * 2
+  assert [e.epsilon for e in amp.event.events] == pytest.approx([1.9, 0.1], rel=1e-12)
+  amp_g = obp.loss_perturbation_amp_calibration(epsilon=1.0, delta=1e-5, num_examples=500,
+                                                num_classes=3, dim=4, l2_reg=0.01, tol=1e-6)
+  assert sum(amp_g.delta_split) == pytest.approx(1e-5, rel=1e-12)
+  assert amp_g.output_scale == pytest.approx(
+      analytic_gaussian_sigma(0.01, 1e-7, amp_g.output_sensitivity), rel=1e-12)
+  # Default tol: output noise norm ~1% of the objective noise's effect on theta.
+  auto = obp.loss_perturbation_amp_calibration(epsilon=1.0, num_examples=500, num_classes=3, dim=4,
+                                               l2_reg=0.01)
+  obj_effect = 12 / auto.objective.scale / 500  # E||B|| / N (Lambda cancels)
+  out_effect = 12 / auto.output_scale * auto.strong_convexity
+  assert out_effect / obj_effect == pytest.approx(0.01, rel=1e-9)
+  with pytest.raises(ValueError, match="amp_fraction"):
+    obp.loss_perturbation_amp_calibration(epsilon=1.0, num_examples=5, num_classes=2, dim=1,
+                                          amp_fraction=1.0)
+  with pytest.raises(ValueError, match="tol"):
+    obp.loss_perturbation_amp_calibration(epsilon=1.0, num_examples=5, num_classes=2, dim=1,
+                                          l2_reg=0.1, tol=1e-16)
+
+
+def test_gaussian_sigma_multiclass_chi_and_binary_unchanged():
+  """Review item 5: C > 1 uses the chi tail (>= the conservative sqrt(k) + sqrt(2 log(1/delta))
+  form's exact counterpart); C = 1 keeps the paper's constant."""
+  k = math.sqrt(2)
+  for nb, factor, dof in (("add_remove", 1, 1), ("replace_one", 2, 2)):
+    paper = factor * (k / 0.7) * math.sqrt(8 * math.log(2 / 1e-6) + 4 * 0.7)
+    assert obp.gaussian_loss_perturbation_sigma(0.7, 1e-6, num_classes=1, neighbouring=nb) == \
+        pytest.approx(paper, rel=1e-12)
+  for c in (2, 5, 10, 100):
+    for nb, factor, dof in (("add_remove", 1, c), ("replace_one", 2, 2 * c)):
+      sig = obp.gaussian_loss_perturbation_sigma(0.7, 1e-6, num_classes=c, neighbouring=nb)
+      t = stats.chi.isf(1e-6, dof)
+      assert t <= math.sqrt(dof) + math.sqrt(2 * math.log(1e6))  # chi tail, Lipschitz concentration
+      assert sig >= factor * k * (t + math.sqrt(t * t + 0.7)) / 0.7 * (1 - 1e-12)
+  # The chi constant is what matters at C = 100 (far above the paper's fixed-direction value).
+  assert obp.gaussian_loss_perturbation_sigma(0.7, 1e-6, num_classes=100) > 2 * (
+      2 * (k / 0.7) * math.sqrt(8 * math.log(2 / 1e-6) + 4 * 0.7))
+
+
+def test_amp_output_noise_norm_law():
+  """Released - certified point = Z with ||Z|| ~ Gamma(dim, 1/beta2) (L2-Laplace output noise)."""
+  x, y = _data()
+  keys = jax.random.split(jax.random.key(9), 400)
+  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01)
+  z = np.asarray(res.weights, np.float64) - res.certificate.weights
+  norms = np.linalg.norm(z.reshape(400, -1), axis=1)
+  beta2 = res.calibration.output_scale
+  assert stats.kstest(norms, stats.gamma(a=6, scale=1 / beta2).cdf).pvalue > 1e-3
+  assert stats.kstest(norms, stats.gamma(a=6, scale=1.2 / beta2).cdf).pvalue < 1e-3
 
 
 def test_input_validation():
@@ -246,10 +371,9 @@ def _audit_loss_perturbation(num_runs: int, eps: float, beta_factor: float = 1.0
     else:
       cal = obp.loss_perturbation_calibration(epsilon=eps, num_examples=xs.shape[0], num_classes=2,
                                               neighbouring="add_remove")
-      res = obp._perturbed_fit_many(  # pylint: disable=protected-access
+      res, _ = obp._perturbed_fit_many(  # pylint: disable=protected-access
           keys, jnp.asarray(xs), jnp.asarray(ys), cal.scale * beta_factor, cal.extra_l2, 0.0, 0.5,
           1e-6, noise="l2_laplace", loss="softmax", num_classes=2, max_iter=500, mode="vmap")
-    assert bool(np.all(res.info.converged))
     # Post-processing statistic: the logit difference theta[0, 1] - theta[0, 0].
     return np.asarray(res.weights[:, 0, 1] - res.weights[:, 0, 0])
 

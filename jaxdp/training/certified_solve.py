@@ -1,0 +1,324 @@
+r"""Certified approximate minimisers of the strongly convex linear-model objectives.
+
+The privacy proofs of model sensitivity (paper 000 App. A, Lemma 1) and of
+objective/loss perturbation (paper 000 App. B.2, Thm 3/4; paper 003 App. A.1)
+are about the EXACT minimiser ``theta*`` of
+
+.. math::
+   J(\theta) = \frac1N \sum_n \ell(\theta^\top x_n, y_n) + \frac{\Lambda}{2}\|\theta\|_F^2
+     + \langle b, \theta\rangle ,
+
+(``Lambda`` = ``l2_reg + extra_l2``, ``b`` the mean-normalised linear term).
+A solver returns some ``theta_hat`` instead. This module returns, for EVERY
+dataset that meets the assumptions (``||x_n|| <= 1``, ``Lambda > 0``), a point
+with the data-independent guarantee
+
+.. math::  \|\hat\theta - \theta^*\|_F \le r := \mathrm{tol} / \Lambda ,
+
+so the callers never refuse a fit (a refusal that depends on whether the
+solver converged on ``D`` leaks; review item 4), and calibrate to ``r``
+(output perturbation: ``Delta = 2K/(N lambda) + 2r``; objective perturbation:
+an extra output noise of sensitivity ``2r``, Approximate Minima Perturbation).
+
+Certificate (strong convexity). ``J`` is ``Lambda``-strongly convex, so for
+any ``theta``: ``Lambda ||theta - theta*||^2 <= <grad J(theta) - grad J(theta*),
+theta - theta*> <= ||grad J(theta)|| ||theta - theta*||``, i.e.
+``||theta - theta*|| <= ||grad J(theta)|| / Lambda``. The gradient is evaluated
+on the host in float64 at the float64 point that is released (noise is added
+in float64 and the sum rounded to float32 afterwards, which is post-processing),
+so float32 round-off never enters the certificate. The float64 round-off of the
+certificate itself is bounded by :func:`certificate_rounding_bound` (Higham &
+Mary 2019 probabilistic model, safety factor 8: ``gamma_n ~ 8 sqrt(n) u``,
+``u = 2^-53``) and ADDED to the gradient norm.
+
+Routes (``route`` codes: 0 L-BFGS, 1 float64 L-BFGS polish, 2 accelerated gradient):
+
+0. the float32 L-BFGS iterate (:func:`jaxdp.training.lbfgs.minimize_lbfgs`),
+   when its float64 certificate holds (the normal path; no extra cost but one
+   float64 pass over ``X``);
+1. otherwise a float64 L-BFGS polish (scipy) started there — a heuristic,
+   cheap near the optimum (a few passes) — re-certified;
+2. otherwise Nesterov's accelerated gradient method (constant step scheme
+   for strongly convex functions, Nesterov 2004, *Introductory Lectures*,
+   scheme (2.2.19) with ``gamma_0 = mu``, Thm 2.2.3): for ``mu``-strongly
+   convex, ``L``-smooth ``J``,
+   ``J(x_k) - J* <= (1 - sqrt(mu/L))^k (J(x_0) - J* + mu/2 ||x_0 - x*||^2)``, so with
+   ``J(x_0) - J* <= L/2 ||x_0 - x*||^2`` and ``mu/2 ||x_k - x*||^2 <= J(x_k) - J*``:
+
+   .. math::  \|x_k - x^*\|^2 \le \frac{L + \mu}{\mu} (1 - \sqrt{\mu/L})^k \|x_0 - x^*\|^2 .
+
+   ``mu = Lambda``, ``L = c + Lambda`` with ``c`` the loss's output-curvature
+   bound (1/2 softmax, 1/4 logistic, 1/(2h) Huber; ``||x|| <= 1``). The start
+   ``x_0`` is the projection onto the ball ``||theta|| <= R = (K + ||b||)/Lambda``
+   that contains ``theta*`` (stationarity: ``Lambda theta* = -grad_data - b`` and
+   ``||grad_data|| <= K``), so ``||x_0 - x*|| <= min(2R, ||grad J(x_pre)||/Lambda)``
+   (projection onto a convex set containing ``x*`` is non-expansive towards it).
+   ``||grad J(x_k)|| <= L ||x_k - x*||``, so after
+
+   .. math::  T = \Big\lceil \frac{\log\big(\frac{L+\mu}{\mu} d_0^2 L^2 / (\mathrm{tol}/2)^2\big)}
+              {-\log(1 - \sqrt{\mu/L})} \Big\rceil
+
+   iterations ``||grad J|| <= tol/2`` and the certificate holds (the rounding
+   bound is far below ``tol/2`` for every ``tol`` accepted by :func:`check_tol`).
+   It stops as soon as the certificate holds. Worst case, softmax on
+   MNIST (``N = 60000``, ``D C = 7840``, ``lambda = 1e-4``, ``tol = 1e-6``, cold
+   start ``d_0 = 2R = 2 sqrt 2 / lambda``): ``L/mu = 5001``,
+   ``-log(1 - sqrt(mu/L)) = 0.0142``, ``T ~ 3,900`` float64 passes over ``X``
+   (minutes on a CPU); from an L-BFGS iterate with ``||grad J|| = 1e-5`` it is
+   ``T ~ 1,200``. It is a worst-case guarantee, never the normal path.
+
+If the certificate still fails after ``T`` iterations (possible only through
+float64 round-off, i.e. for a ``tol`` at the float64 floor, which
+:func:`check_tol` rejects up front) a :class:`CertificationError` is raised;
+see docs/sharp_edges.md.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+import scipy.optimize
+
+from jaxdp.training import linear_losses
+
+ROUTES = ("lbfgs", "lbfgs64_polish", "accelerated_gradient")
+_U64 = 2.0 ** -53
+
+
+class CertificationError(FloatingPointError):
+  """The float64 certificate failed after the guaranteed iteration count (round-off only)."""
+
+
+class CertifiedSolution(NamedTuple):
+  """Certified approximate minimiser(s); leading batch axis when the input had one.
+
+  Attributes:
+    weights: float64 numpy weights (the point the certificate is for).
+    grad_norm: float64 ``||grad J(weights)||`` (plus its rounding bound).
+    distance: certified bound ``(grad_norm)/Lambda >= ||weights - theta*||``.
+    radius: the data-independent bound ``r = tol/Lambda`` that ``distance`` never exceeds.
+    route: int codes into :data:`ROUTES` (which route certified each fit).
+    iterations: extra float64 iterations spent (0 on the L-BFGS route).
+  """
+
+  weights: np.ndarray
+  grad_norm: np.ndarray
+  distance: np.ndarray
+  radius: Any
+  route: np.ndarray
+  iterations: np.ndarray
+
+
+def _loss_grad(scores, y, loss, h):
+  """``(value per example, d loss / d scores)`` in float64."""
+  if loss == "softmax":
+    m = scores.max(axis=-1, keepdims=True)
+    e = np.exp(scores - m)
+    s = e.sum(axis=-1, keepdims=True)
+    p = e / s
+    onehot = (np.asarray(y, np.int64)[:, None] == np.arange(scores.shape[-1])).astype(np.float64)
+    val = (np.log(s) + m)[..., 0] - np.sum(onehot * scores, axis=-1)
+    return val, p - onehot
+  sign = np.where(y > 0, 1.0, -1.0)
+  z = sign * scores
+  if loss == "logistic":
+    val = np.logaddexp(0.0, -z)
+    dz = -0.5 * (1.0 - np.tanh(0.5 * z))  # -sigmoid(-z), no overflow
+  else:
+    val = np.where(z > 1 + h, 0.0, np.where(z < 1 - h, 1 - z, (1 + h - z) ** 2 / (4 * h)))
+    dz = np.where(z > 1 + h, 0.0, np.where(z < 1 - h, -1.0, -(1 + h - z) / (2 * h)))
+  return val, sign * dz
+
+
+def objective_and_grad(w, x, y, *, loss, h, l2_total, linear_term=None):
+  """``(J(w), grad J(w))`` in float64 numpy for one problem (``w`` of shape (D, C) or (D,))."""
+  w = np.asarray(w, np.float64)
+  scores = x @ w
+  val, g = _loss_grad(scores, y, loss, h)
+  n = x.shape[0]
+  value = val.mean() + 0.5 * l2_total * np.sum(w * w)
+  grad = x.T @ g / n + l2_total * w
+  if linear_term is not None:
+    value = value + np.sum(linear_term * w)
+    grad = grad + linear_term
+  return value, grad
+
+
+def certificate_rounding_bound(num_examples: int, dim: int, weights_norm, linear_norm,
+                               *, loss: str, h: float, l2_total: float) -> np.ndarray:
+  """Bound on the float64 error of the computed ``||grad J||`` (Higham & Mary 2019 model).
+
+  Inner products of length ``n`` carry error ``<= gamma_n |a|.|b|``, ``gamma_n = 8 sqrt(n) u``
+  (probabilistic bound, safety factor 8). The data gradient ``X^T G / N`` has inner length
+  ``N`` and ``sum_n |x_nd||G_nc|/N <= K``; the logits ``X theta`` have inner length ``D``
+  and perturb ``G`` by ``c gamma_D ||theta||``; softmax/exp/tanh add ``O(u)`` relative
+  per entry. Over ``dim = D C`` coordinates (L2): ``sqrt(dim)`` times the per-coordinate bound.
+  """
+  k = linear_losses.lipschitz_constant(loss)
+  c = linear_losses.curvature_bound(loss, h)
+  gam = lambda n: 8.0 * math.sqrt(n + 4.0) * _U64
+  d_in = max(dim, 1)
+  per = (gam(num_examples) + 16 * _U64) * k + gam(d_in) * c * np.asarray(weights_norm) \
+      + 4 * _U64 * (l2_total * np.asarray(weights_norm) + np.asarray(linear_norm))
+  return math.sqrt(dim) * per
+
+
+def check_tol(tol: float, *, num_examples: int, dim: int, loss: str, h: float = 0.5) -> float:
+  """Validates a certificate tolerance: positive, finite, and far above float64 round-off.
+
+  Requires ``tol >= 1e3 * sqrt(dim) * 8 sqrt(N) u K`` (data-independent), so the
+  rounding bound of the certificate is a negligible part of ``tol``.
+  """
+  tol = float(tol)
+  if not (math.isfinite(tol) and tol > 0):
+    raise ValueError(f"tol must be a positive finite number, got {tol}.")
+  floor = 1e3 * math.sqrt(dim) * 8.0 * math.sqrt(num_examples + 4.0) * _U64 * \
+      linear_losses.lipschitz_constant(loss)
+  if tol < floor:
+    raise ValueError(f"tol={tol:.3g} is below the float64 certification floor {floor:.3g} for "
+                     f"N={num_examples}, D*C={dim}; use a larger tol.")
+  return tol
+
+
+def _certify_one(w, x, y, lin, lin_norm, *, loss, h, l2_total):
+  _, g = objective_and_grad(w, x, y, loss=loss, h=h, l2_total=l2_total, linear_term=lin)
+  err = certificate_rounding_bound(x.shape[0], w.size, np.linalg.norm(w), lin_norm, loss=loss,
+                                   h=h, l2_total=l2_total)
+  return float(np.linalg.norm(g) + err)
+
+
+def _certify_batch(w, x, y, lin, *, loss, h, l2_total, chunk_elems=2 ** 24):
+  """Vectorised :func:`_certify_one` over the leading axis of ``w`` (chunked to bound memory)."""
+  m = w.shape[0]
+  n = x.shape[0]
+  per = max(1, chunk_elems // max(1, n * (w.shape[-1] if w.ndim == 3 else 1)))
+  out = np.empty(m)
+  for s in range(0, m, per):
+    wc = w[s:s + per]
+    scores = np.einsum("nd,md...->mn...", x, wc)
+    _, gs = _loss_grad(scores, y, loss, h)
+    grad = np.einsum("nd,mn...->md...", x, gs) / n + l2_total * wc
+    lin_norm = 0.0
+    if lin is not None:
+      grad = grad + lin[s:s + per]
+      lin_norm = np.linalg.norm(lin[s:s + per].reshape(wc.shape[0], -1), axis=1)
+    wn = np.linalg.norm(wc.reshape(wc.shape[0], -1), axis=1)
+    err = certificate_rounding_bound(n, wc[0].size, wn, lin_norm, loss=loss, h=h,
+                                     l2_total=l2_total)
+    out[s:s + per] = np.linalg.norm(grad.reshape(wc.shape[0], -1), axis=1) + err
+  return out
+
+
+def accelerated_gradient_iterations(mu: float, smooth: float, dist0: float, tol: float) -> int:
+  """``T`` of the module docstring: AGD iterations after which ``||grad J|| <= tol/2``."""
+  q = math.sqrt(mu / smooth)
+  if dist0 <= 0:
+    return 0
+  num = math.log((smooth + mu) / mu) + 2.0 * math.log(dist0 * smooth / (0.5 * tol))
+  return max(0, math.ceil(num / -math.log1p(-q)))
+
+
+def _polish64(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200):
+  shape = w0.shape
+  fun = lambda v: objective_and_grad(v.reshape(shape), x, y, loss=loss, h=h, l2_total=l2_total,
+                                     linear_term=lin)
+  wrapped = lambda v: (lambda fg: (fg[0], fg[1].reshape(-1)))(fun(v))
+  res = scipy.optimize.minimize(wrapped, w0.reshape(-1), jac=True, method="L-BFGS-B",
+                                options=dict(maxiter=max_iter, maxcor=20, ftol=0.0,
+                                             gtol=0.1 * tol / math.sqrt(w0.size)))
+  return res.x.reshape(shape), int(res.nit)
+
+
+def _agd64(w_pre, gnorm_pre, x, y, lin, lin_norm, *, loss, h, l2_total, tol, check_every=10):
+  mu = l2_total
+  smooth = linear_losses.curvature_bound(loss, h) + mu
+  radius = (linear_losses.lipschitz_constant(loss) + lin_norm) / mu
+  nrm = np.linalg.norm(w_pre)
+  x0 = w_pre if nrm <= radius else w_pre * (radius / nrm)
+  dist0 = min(2.0 * radius, gnorm_pre / mu)
+  t_max = accelerated_gradient_iterations(mu, smooth, dist0, tol)
+  q = math.sqrt(mu / smooth)
+  mom = (1.0 - q) / (1.0 + q)
+  xk, yk = x0, x0
+  kw = dict(loss=loss, h=h, l2_total=l2_total)
+  for k in range(1, t_max + 1):
+    _, g = objective_and_grad(yk, x, y, linear_term=lin, **kw)
+    x_new = yk - g / smooth
+    yk = x_new + mom * (x_new - xk)
+    xk = x_new
+    if k % check_every == 0 and _certify_one(xk, x, y, lin, lin_norm, **kw) <= tol:
+      return xk, k
+  return xk, t_max
+
+
+def certify_minimizers(weights: Any, x: Any, y: Any, *, loss: str, h: float, l2_total: float,
+                       tol: float, linear_term: Any = None, batched: bool = False,
+                       polish: bool = True) -> CertifiedSolution:
+  """Certifies ``weights`` (float32 L-BFGS output) and repairs uncertified ones (module docstring).
+
+  Args:
+    weights: ``(D, C)``/``(D,)`` or, with ``batched``, ``(M, D, C)``/``(M, D)``.
+    x, y: the training data (shared by all ``M`` problems).
+    loss, h: the loss (see :mod:`jaxdp.training.linear_losses`).
+    l2_total: ``Lambda > 0``, the strong convexity of ``J`` (``l2_reg + extra_l2``).
+    tol: the gradient-norm tolerance; the guarantee is ``||w - theta*|| <= tol/Lambda``.
+    linear_term: the mean-normalised ``b`` (same shape as ``weights``) or None.
+    batched: whether ``weights`` (and ``linear_term``) carry a leading problem axis.
+    polish: try the float64 L-BFGS polish before the accelerated-gradient fallback.
+
+  Returns:
+    :class:`CertifiedSolution` (every returned ``distance <= radius``).
+
+  Raises:
+    CertificationError: only through float64 round-off (module docstring).
+  """
+  l2_total = float(l2_total)
+  if not l2_total > 0:
+    raise ValueError(f"l2_total (the strong convexity Lambda) must be > 0, got {l2_total}.")
+  x = np.asarray(x, np.float64)
+  y = np.asarray(y)
+  w = np.array(weights, np.float64)
+  if not batched:
+    w = w[None]
+  m = w.shape[0]
+  if linear_term is None:
+    lins = [None] * m
+  else:
+    lin = np.asarray(linear_term, np.float64)
+    lins = list(lin) if batched else [lin]
+  radius = tol / l2_total
+  gn = np.zeros(m)
+  route = np.zeros(m, np.int32)
+  iters = np.zeros(m, np.int64)
+  kw = dict(loss=loss, h=h, l2_total=l2_total)
+  g_all = _certify_batch(w, x, y, None if linear_term is None else np.stack(lins), **kw)
+  for i in range(m):
+    lin_i = lins[i]
+    lin_norm = 0.0 if lin_i is None else float(np.linalg.norm(lin_i))
+    wi = w[i]
+    g = float(g_all[i])
+    if g > tol and polish:
+      wp, nit = _polish64(wi, x, y, lin_i, tol=tol, **kw)
+      gp = _certify_one(wp, x, y, lin_i, lin_norm, **kw)
+      iters[i] += nit
+      if gp < g:
+        wi, g = wp, gp
+      route[i] = 1
+    if g > tol:
+      wi, nit = _agd64(wi, g, x, y, lin_i, lin_norm, tol=tol, **kw)
+      g = _certify_one(wi, x, y, lin_i, lin_norm, **kw)
+      iters[i] += nit
+      route[i] = 2
+      if g > tol:
+        raise CertificationError(
+            f"the float64 gradient certificate ({g:.3g}) still exceeds tol={tol:.3g} after the "
+            "guaranteed accelerated-gradient iterations; this can only happen through float64 "
+            "round-off (tol too close to the float64 floor). Nothing is released; use a larger tol.")
+    w[i] = wi
+    gn[i] = g
+  dist = gn / l2_total
+  if not batched:
+    return CertifiedSolution(w[0], gn[0], dist[0], radius, route[0], iters[0])
+  return CertifiedSolution(w, gn, dist, radius, route, iters)
