@@ -317,12 +317,15 @@ class PrivateLinearModel(NamedTuple):
       :class:`jaxdp.accounting.PrivacyAccountant`; one event per released
       model: ``M`` keys release ``M`` models, i.e. ``count=M``).
     calibration: the host-side (float64) calibration the noise was drawn with.
+    certificate: the :class:`~jaxdp.training.certified_solve.CertifiedSolution`
+      of the released minimiser(s) (certified distance, route), or None.
   """
 
   weights: jax.Array
   info: SolverInfo
   event: Any
   calibration: Any
+  certificate: Any = None  # jaxdp.training.certified_solve.CertifiedSolution of the fit(s)
 
 
 def is_key_batch(key: Any) -> bool:
