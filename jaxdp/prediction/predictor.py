@@ -463,33 +463,46 @@ class PredictionSensitivityPredictor(PrivatePredictor):
       cls,
       model: Any,
       *,
-      num_examples: int,
+      x: Any,
+      y: Any,
       l2_reg: float,
       epsilon: float,
       delta: float,
       budget: int,
       key: jax.Array,
+      tol: float = 1e-6,
       method: str = "best",
       privacy_budget: _accountant.PrivacyBudget | None = None,
       state_path: str | os.PathLike | None = None,
   ) -> "PredictionSensitivityPredictor":
-    """From a :func:`jaxdp.training.fit_linear` softmax result (``weights``, ``info``).
+    """From a :func:`jaxdp.training.fit_linear` softmax result and its training data ``(x, y)``.
 
-    Refuses a fit that did not converge and calibrates to the sensitivity of
-    approximate minimisers, using twice the achieved gradient norm as ``solver_tol``
-    (paper 000 Lemma 1 plus ``2 ||grad J||/lambda``, by strong convexity).
+    Never refuses (a refusal that depends on whether the solver converged on
+    ``D`` would leak): the weights are certified in float64 and, if needed,
+    repaired by :func:`jaxdp.training.certified_solve.certify_minimizers`, so
+    they lie within ``tol/lambda`` of the exact minimiser on every dataset.
+    The calibration uses the FIXED ``tol`` (data-independent), plus
+    ``2^-24 (K + tol)`` for rounding the certified float64 point to float32
+    (``||theta|| <= K/lambda + tol/lambda``): ``solver_tol = tol + 2^-24 (K + tol)``
+    in ``2K/(N lambda) + 2 solver_tol/lambda`` (paper 000 Lemma 1 plus strong convexity).
     """
-    info = model.info
-    if not bool(np.all(np.asarray(info.converged))):
-      raise ValueError("the linear model did not converge; its weights are not the regularised "
-                       "minimiser the sensitivity bound needs. Refit with more iterations.")
-    # Twice the reported float32 gradient norm covers its rounding error (it is
-    # summed over N examples in float32); the term is tiny next to 2K/(N lambda).
-    grad_norm = 2.0 * float(np.max(np.asarray(info.grad_norm, np.float64)))
-    return cls.from_weights(model.weights, num_examples=num_examples, l2_reg=l2_reg,
-                            epsilon=epsilon, delta=delta, budget=budget, key=key, method=method,
-                            solver_tol=grad_norm, privacy_budget=privacy_budget,
-                            state_path=state_path)
+    from jaxdp.training import certified_solve, linear  # pylint: disable=import-outside-toplevel
+    if x is None or y is None:
+      raise ValueError("x and y (the training data of the model) are needed to certify it.")
+    num_classes = int(np.shape(model.weights)[-1])
+    x_c = linear.check_features(x, "x")
+    y_c = linear.check_labels(y, "softmax", num_classes, np.shape(x_c)[0])
+    n = int(np.shape(x_c)[0])
+    lam = _validation.check_positive(l2_reg, "l2_reg")
+    tol = certified_solve.check_tol(tol, num_examples=n, dim=int(np.size(model.weights)),
+                                    loss="softmax")
+    cert = certified_solve.certify_minimizers(model.weights, x_c, y_c, loss="softmax", h=0.5,
+                                              l2_total=lam, tol=tol)
+    solver_tol = tol + 2.0 ** -24 * (_ps.SOFTMAX_LIPSCHITZ + tol)
+    return cls.from_weights(jnp.asarray(cert.weights.astype(np.float32)), num_examples=n,
+                            l2_reg=lam, epsilon=epsilon, delta=delta, budget=budget, key=key,
+                            method=method, solver_tol=solver_tol,
+                            privacy_budget=privacy_budget, state_path=state_path)
 
   def _check_queries(self, x: Any) -> np.ndarray:
     arr = super()._check_queries(x)

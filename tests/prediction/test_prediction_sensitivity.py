@@ -141,23 +141,27 @@ def test_solver_tolerance_enters_the_sensitivity():
     logit_sensitivity(n, lam, solver_tol=-1.0)
 
 
-def test_predictor_from_linear_model_uses_the_achieved_gradient_norm():
+def test_predictor_from_linear_model_certifies_and_never_refuses():
+  """The calibration uses the FIXED tol (data-independent), not the achieved gradient norm,
+  and an unconverged fit is certified/repaired instead of refused (a data-dependent refusal)."""
   import jax
   from jaxdp.prediction import PredictionSensitivityPredictor
-  from jaxdp.training import fit_linear
+  from jaxdp.training import certified_solve, fit_linear
   rng = np.random.default_rng(0)
   x = rng.normal(size=(200, 4))
   x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
   y = rng.integers(0, 3, 200).astype(np.int32)
-  model = fit_linear(x, y, num_classes=3, l2_reg=0.05, tol=1e-5)
-  pred = PredictionSensitivityPredictor.from_linear_model(
-      model, num_examples=200, l2_reg=0.05, epsilon=1.0, delta=0.0, budget=5,
-      key=jax.random.key(0))
-  grad = 2 * float(model.info.grad_norm)
-  assert pred.calibration.sensitivity == pytest.approx(2 * np.sqrt(2) / (200 * 0.05) + 2 * grad / 0.05,
-                                                       rel=1e-6)
-  unconverged = model._replace(info=model.info._replace(converged=np.bool_(False)))
-  with pytest.raises(ValueError, match="did not converge"):
-    PredictionSensitivityPredictor.from_linear_model(
-        unconverged, num_examples=200, l2_reg=0.05, epsilon=1.0, delta=0.0, budget=5,
+  tol = 1e-5
+  expected = 2 * np.sqrt(2) / (200 * 0.05) + 2 * (tol + 2.0 ** -24 * (np.sqrt(2) + tol)) / 0.05
+  for max_iter in (500, 1):
+    model = fit_linear(x, y, num_classes=3, l2_reg=0.05, tol=tol, max_iter=max_iter)
+    pred = PredictionSensitivityPredictor.from_linear_model(
+        model, x=x, y=y, l2_reg=0.05, epsilon=1.0, delta=0.0, budget=5, tol=tol,
         key=jax.random.key(0))
+    assert pred.calibration.sensitivity == pytest.approx(expected, rel=1e-12)
+    w = np.asarray(pred.weights, np.float64)  # float32 rounding of the certified point
+    _, g = certified_solve.objective_and_grad(w, x.astype(np.float64), y, loss="softmax", h=0.5,
+                                              l2_total=0.05)
+    assert np.linalg.norm(g) <= tol + 0.55 * 2.0 ** -24 * np.linalg.norm(w)
+
+

@@ -149,3 +149,23 @@ def test_empirical_privacy_output_perturbation():
   b1 = op.perturb_weights(jax.random.split(k1, n), m1, bad)[:, 0]
   b2 = op.perturb_weights(jax.random.split(k2, n), m2, bad)[:, 0]
   assert histogram_epsilon_lower_bound(b1, b2) > eps
+
+
+def test_capped_fit_is_released_within_the_certified_radius():
+  """Review item 4: an L-BFGS fit capped at one iteration is released (the old code raised a
+  data-dependent RuntimeError) and the point the noise is added to is within the certified
+  distance <= tol/lambda of the exact minimiser (scipy float64 reference)."""
+  from scipy import optimize  # pylint: disable=import-outside-toplevel
+  from jaxdp.training import certified_solve  # pylint: disable=import-outside-toplevel
+  x, y = _data()
+  lam, tol = 0.05, 1e-6
+  res = op.model_sensitivity(jax.random.key(3), x, y, num_classes=3, l2_reg=lam, epsilon=1.0,
+                             max_iter=1, tol=tol)
+  cert = res.certificate
+  assert int(cert.route) > 0 and not bool(res.info.converged)
+  fun = lambda v: (lambda fg: (fg[0], fg[1].reshape(-1)))(certified_solve.objective_and_grad(
+      v.reshape(5, 3), x.astype(np.float64), y, loss="softmax", h=0.5, l2_total=lam))
+  ref = optimize.minimize(fun, np.zeros(15), jac=True, method="L-BFGS-B",
+                          options=dict(maxiter=5000, gtol=1e-13, ftol=0.0)).x.reshape(5, 3)
+  assert np.linalg.norm(cert.weights - ref) <= cert.distance <= tol / lam
+  assert res.calibration.sensitivity == pytest.approx(2 * math.sqrt(2) / (200 * lam) + 2 * tol / lam)
