@@ -42,7 +42,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.val_seeds = 0                  # noise draws per lambda on the held-out split (0: num_seeds)
   config.max_iter = 500
   config.tol = 1e-6                     # non-private and output perturbation (enters 2 tol/lambda)
-  config.objective_tol = 1e-5           # loss perturbation (float32 gradient floor of noisy objectives)
+  config.objective_tol = 0.0            # loss perturbation: 0 = AMP default tol (certified in float64)
   config.batch_mode = "auto"            # "vmap" | "map" | "auto" (map on CPU, vmap on GPU)
   config.seed = 0
   config.out_dir = "results"            # writes results/<name>/<dataset>/ (relative to the cwd)
