@@ -35,7 +35,11 @@ accounting module (float64):
   delta, Delta sqrt(B))``.
 
 Sharp edge: Lemma 1 assumes the *exact* minimiser; a solver stopped early can
-have a larger sensitivity. Fit with a tight tolerance and check convergence.
+have a larger sensitivity. Use weights certified to ``||theta - theta*|| <= tol/lambda``
+(:mod:`jaxdp.training.certified_solve`, as
+:meth:`~jaxdp.prediction.PredictionSensitivityPredictor.from_linear_model` does)
+and calibrate to the FIXED ``tol``; never to the achieved gradient norm (data-dependent),
+and never refuse unconverged fits (the refusal leaks).
 """
 
 from __future__ import annotations
@@ -77,10 +81,10 @@ def logit_sensitivity(
   ``||x||_2 <= 1``). A solver that stops at ``||grad J(theta)|| <= tol``
   returns a point within ``tol/lambda`` of the exact minimiser (J is
   lambda-strongly convex), so two released models differ by at most
-  ``2K/(N lambda) + 2 tol/lambda``; pass the solver's tolerance (or the
-  achieved gradient norm, as
+  ``2K/(N lambda) + 2 tol/lambda``; pass the certified, data-independent
+  tolerance as ``solver_tol`` (as
   :meth:`~jaxdp.prediction.PredictionSensitivityPredictor.from_linear_model`
-  does) as ``solver_tol``. ``solver_tol = 0`` is the paper's exact-minimiser
+  does; not the achieved gradient norm, which depends on the data). ``solver_tol = 0`` is the paper's exact-minimiser
   bound.
 
   Args:
