@@ -167,12 +167,12 @@ def pate_label_and_train(
      :class:`jaxdp.accounting.accountant.PrivacyAccountant`
      (``get_epsilon(delta, method=accountant_method)``).
   """
+  _validation.check_key(key)
   from jaxdp.accounting import accountant as _accountant  # pylint: disable=import-outside-toplevel
   _check_mechanism(mechanism)
   _validation.check_delta(delta)  # before any (costly) training
   _noisy_max._static_positive(scale, "scale")  # pylint: disable=protected-access
   partition_key, label_key = jax.random.split(key)
-  _validation.check_key(key)
   teachers = _sa.train_linear_teachers(x_private, y_private, num_teachers=num_teachers,
                                        num_classes=num_classes, l2_reg=teacher_l2_reg,
                                        key=partition_key, max_iter=max_iter)

@@ -230,9 +230,9 @@ def aggregate_exponential(key: jax.Array, votes: Any, beta: Any) -> jax.Array:
 
 def aggregate_exponential_from_keys(keys: jax.Array, votes: Any, beta: Any) -> jax.Array:
   """As :func:`aggregate_exponential` with one caller-supplied key per row."""
+  _validation.check_key(keys, "keys", allow_batch=True)
   return jax.vmap(lambda k, v: _exponential.exponential_mechanism(k, v, beta))(keys, jnp.asarray(votes))
 
-  _validation.check_key(keys, "keys", allow_batch=True)
 
 def exponential_vote_distribution(votes: Any, beta: float) -> np.ndarray:
   """The exact law ``softmax(beta n)`` of Eq. 54, in float64 (last axis)."""

@@ -143,8 +143,8 @@ def functional_mechanism(
   minimiser of the same polynomial: the exact ridge solution for linear
   regression, the Taylor-approximated one for logistic regression.
   """
-  if task not in TASKS:
   _validation.check_key(key, allow_batch=True)
+  if task not in TASKS:
     raise ValueError(f"task must be one of {TASKS}, got {task!r}.")
   lam = _validation.check_nonnegative(l2_reg, "l2_reg")
   thr = _validation.check_nonnegative(trim_threshold, "trim_threshold")
