@@ -111,7 +111,10 @@ def test_canary_mechanism_statistic_has_the_predicted_law():
   examples = (jnp.concatenate([xb, jnp.array([[0.0, 0.0, 30.0]])]), jnp.array([1.0, -1.0, 1.0]))
   setup = audit.canary_mechanism(fn, jnp.zeros(3), examples, noise_multiplier=1.5,
                                  expected_batch_size=4.0, num_steps=3)
-  assert setup.shift == pytest.approx(0.5) and setup.noise_std == pytest.approx(0.75)
+  # The clip is shrunk by ~1e-5 relative so the float32 clipped norm never exceeds S
+  # (see clipping._safe_clip), so the canary moves the mean by S / b up to that factor.
+  assert setup.shift == pytest.approx(0.5, rel=2e-5) and setup.shift <= 0.5
+  assert setup.noise_std == pytest.approx(0.75)
   # At params = 0 each logistic gradient is -y x / 2: <G, e_3> = 0.
   assert setup.offset == pytest.approx(0.0, abs=1e-7)
   keys = jax.random.split(jax.random.key(0), 10_000)

@@ -27,7 +27,7 @@ def test_accuracy_vs_epsilon_writes_results(tmp_path):
   config.out_dir = str(tmp_path)
   experiment = _load("experiments/accuracy_vs_epsilon.py")
   rows = experiment.main(config)
-  out = tmp_path / config.name
+  out = tmp_path / config.name / "digits_n400"  # results/<experiment>/<dataset>[_n<N>]/
   assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json", "accuracy_vs_epsilon.png"}
   meta = json.loads((out / "results.json").read_text())
   assert meta["rows"][0]["epsilon"] == "inf"
