@@ -61,15 +61,15 @@ def read_json(path: str | os.PathLike) -> Any | None:
     return None
 
 
-def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
-  """Writes ``data`` as JSON to ``path`` atomically and durably (see module doc)."""
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+  """Writes ``text`` to ``path`` atomically and durably (see module doc)."""
   path = os.path.abspath(os.fspath(path))
   directory = os.path.dirname(path)
   os.makedirs(directory, exist_ok=True)
   fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
   try:
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(data, f)
+      f.write(text)
       f.flush()
       os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -82,6 +82,11 @@ def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
     os.fsync(dir_fd)
   finally:
     os.close(dir_fd)
+
+
+def write_json_atomic(path: str | os.PathLike, data: Any) -> None:
+  """Writes ``data`` as JSON to ``path`` atomically and durably (see module doc)."""
+  write_text_atomic(path, json.dumps(data))
 
 
 class StateBox:
@@ -112,4 +117,5 @@ def locked_update(path: str | os.PathLike) -> Iterator[StateBox]:
       write_json_atomic(path, box.value)
 
 
-__all__ = ["StateBox", "locked", "locked_update", "read_json", "write_json_atomic"]
+__all__ = ["StateBox", "locked", "locked_update", "read_json", "write_json_atomic",
+           "write_text_atomic"]

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import hashlib
 import io
@@ -25,7 +24,6 @@ import json
 import math
 import os
 import pathlib
-import tempfile
 import zlib
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -163,21 +161,8 @@ class PointLog:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-  """Writes ``text`` to ``path`` via an fsync'd temporary file and ``os.replace``."""
-  path = os.path.abspath(os.fspath(path))
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                             dir=os.path.dirname(path))
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
+  """Writes ``text`` to ``path`` atomically and durably (:func:`jaxdp._durable.write_text_atomic`)."""
+  _durable.write_text_atomic(path, text)
 
 
 def write_csv_atomic(path: str | os.PathLike, rows: Sequence[Mapping[str, Any]]) -> None:
