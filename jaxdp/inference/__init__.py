@@ -1,0 +1,29 @@
+"""Differentially private statistical inference: confidence intervals for ERM parameters.
+
+Paper 003 (``../shared/papers/003_dp_confidence_intervals_for_erm.md``): PrivSPDMat
+(Algorithm 2), the Hessian / gradient-covariance sensitivities of logistic regression and
+Huberized SVM (Lemmas 2-5), and private confidence intervals for objective perturbation
+(Algorithm 3) and output perturbation (Algorithm 5), under pure DP or zCDP.
+"""
+
+from jaxdp.inference.intervals import (
+    FLOORS, PERTURBATIONS, PRIVACY, TABLE2_FRACTIONS, BudgetSplit, Calibration,
+    ConfidenceIntervals, budget_split, calibrate, confidence_intervals,
+    confidence_intervals_batched)
+from jaxdp.inference.newton import NewtonResult, newton_minimize
+from jaxdp.inference.sensitivities import (
+    as_signed_labels, covariance_sensitivity, gradient_covariance, hessian, hessian_sensitivity,
+    huber_covariance_sensitivity, huber_hessian_sensitivity, logistic_covariance_sensitivity,
+    logistic_hessian_sensitivity, loss_derivatives)
+from jaxdp.inference.spd_release import (
+    priv_spd_matrix, priv_spd_matrix_event, spd_noise, symmetrize_and_floor)
+
+__all__ = [
+    "FLOORS", "PERTURBATIONS", "PRIVACY", "TABLE2_FRACTIONS", "BudgetSplit", "Calibration",
+    "ConfidenceIntervals", "budget_split", "calibrate", "confidence_intervals",
+    "confidence_intervals_batched", "NewtonResult", "newton_minimize", "as_signed_labels",
+    "covariance_sensitivity", "gradient_covariance", "hessian", "hessian_sensitivity",
+    "huber_covariance_sensitivity", "huber_hessian_sensitivity",
+    "logistic_covariance_sensitivity", "logistic_hessian_sensitivity", "loss_derivatives",
+    "priv_spd_matrix", "priv_spd_matrix_event", "spd_noise", "symmetrize_and_floor",
+]

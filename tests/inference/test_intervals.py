@@ -1,0 +1,215 @@
+"""Tests of the private confidence intervals (jaxdp/inference/intervals.py; paper 003 Alg. 3/5)."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxdp.accounting import PrivacyAccountant, events
+from jaxdp.inference import intervals as ci
+from jaxdp.inference import sensitivities as sens
+from jaxdp.training import certified_solve
+
+
+def _logistic_pool(seed=0, n=1500, d=3):
+  """Simulated logistic data with an intercept, rows in the unit ball."""
+  rng = np.random.default_rng(seed)
+  x = rng.normal(size=(n, d)) / math.sqrt(d)
+  x[:, -1] = 0.5
+  x = x / np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+  theta = np.array([1.5, -2.0, 0.8])[:d]
+  y = np.where(rng.random(n) < 1 / (1 + np.exp(-x @ theta)), 1, 0)
+  return x, y
+
+
+def _exact_fit(x, y, lam, loss="logistic", counts=None):
+  import scipy.optimize
+  ys = sens.as_signed_labels(y)
+  w = np.ones(len(y)) if counts is None else counts
+  rows = np.repeat(np.arange(len(y)), w.astype(int))
+  fun = lambda t: certified_solve.objective_and_grad(t, x[rows], ys[rows], loss=loss, h=0.5,
+                                                     l2_total=lam)
+  return scipy.optimize.minimize(fun, np.zeros(x.shape[1]), jac=True, method="L-BFGS-B",
+                                 options=dict(gtol=1e-12, ftol=0, maxiter=1000)).x
+
+
+def _sandwich(x, y, theta, lam, alpha=0.05, loss="logistic"):
+  ys = sens.as_signed_labels(y)
+  n = len(y)
+  z = ys * (x @ theta)
+  if loss == "logistic":
+    d1, d2 = -1 / (1 + np.exp(z)), 1 / (1 + np.exp(z)) / (1 + np.exp(-z))
+  else:
+    raise NotImplementedError
+  hess = (x * d2[:, None]).T @ x / n + lam * np.eye(x.shape[1])
+  cov = (x * (d1 * d1)[:, None]).T @ x / n - lam ** 2 * np.outer(theta, theta)
+  hinv = np.linalg.inv(hess)
+  se = np.sqrt(np.diag(hinv @ cov @ hinv) / n)
+  q = stats.norm.ppf(1 - alpha / 2)
+  return theta - q * se, theta + q * se
+
+
+def test_budget_split_table2_and_overrides():
+  for (pert, priv), fr in ci.TABLE2_FRACTIONS.items():
+    s = ci.budget_split(2.0, perturbation=pert, privacy=priv)
+    assert sum(s) == pytest.approx(2.0, rel=1e-12)
+    assert s.theta == pytest.approx(2.0 * fr[0])
+  assert ci.budget_split(1.0, perturbation="objective", privacy="pure") == pytest.approx(
+      (0.65, 0.175, 0.175))
+  assert ci.budget_split(1.0, perturbation="output", privacy="zcdp",
+                         fractions=(0.5, 0.25, 0.25)) == pytest.approx((0.5, 0.25, 0.25))
+  for bad in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.5, 0.5), (0.5, -0.1, 0.6)):
+    with pytest.raises(ValueError, match="fractions"):
+      ci.budget_split(1.0, perturbation="output", privacy="zcdp", fractions=bad)
+  with pytest.raises(ValueError, match="budget"):
+    ci.budget_split(0.0, perturbation="output", privacy="zcdp")
+
+
+@pytest.mark.parametrize("pert,priv", [("objective", "pure"), ("output", "pure"),
+                                       ("objective", "zcdp"), ("output", "zcdp")])
+def test_events_follow_theorems_2_and_4(pert, priv):
+  x, y = _logistic_pool()
+  acc = PrivacyAccountant()
+  budget = 1.0 if priv == "pure" else 0.5
+  out, cal = ci.confidence_intervals(jax.random.key(0), x, y, budget=budget, perturbation=pert,
+                                     privacy=priv, num_samples=2000, accountant=acc)
+  assert acc.neighbouring == "replace_one"
+  assert np.all(out.lower < out.upper) and np.all(np.isfinite(out.lower))
+  s = cal.split
+  if priv == "pure":  # Theorems 2 and 4: phi_1 + phi_2 + phi_3
+    assert acc.pure_epsilon() == pytest.approx(budget, rel=1e-9)
+  elif pert == "output":  # Theorem 4 (zCDP)
+    assert acc.zcdp_rho() == pytest.approx(budget, rel=1e-9)
+  else:  # Theorem 2: phi_1^2/2 + phi_2 + phi_3 with eps_1 = sqrt(2 rho_1); AMP splits eps_1
+    assert acc.zcdp_rho() <= budget * (1 + 1e-12)
+    assert acc.zcdp_rho() >= s.hessian + s.covariance + 0.97 * s.theta
+
+
+def test_noise_off_output_zcdp_is_exactly_the_sandwich_interval():
+  x, y = _logistic_pool()
+  lam = 0.002
+  out, _ = ci.confidence_intervals(jax.random.key(1), x, y, budget=math.inf,
+                                   perturbation="output", privacy="zcdp", l2_reg=lam)
+  theta = _exact_fit(x, y, lam)
+  np.testing.assert_allclose(out.theta, theta, atol=1e-6)
+  lo, hi = _sandwich(x, y, theta, lam)
+  np.testing.assert_allclose(out.lower, lo, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(out.upper, hi, rtol=1e-5, atol=1e-6)
+
+
+def test_noise_off_monte_carlo_matches_the_sandwich_interval():
+  """Algorithm 3 without noise: MC quantiles of N(0, H^-1 Sigma H^-1 / n)."""
+  x, y = _logistic_pool()
+  lam = 0.002
+  out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
+                                   perturbation="objective", privacy="pure", l2_reg=lam,
+                                   num_samples=2000)
+  lo, hi = _sandwich(x, y, _exact_fit(x, y, lam), lam)
+  # The 2.5% quantile of m normal draws has sd sqrt(q(1-q)/m)/phi(z_q) = 0.060 sigma at
+  # m = 2,000; allow 5 sd.
+  se = (hi - lo) / (2 * stats.norm.ppf(0.975))
+  assert np.all(np.abs(out.lower - lo) < 5 * 0.060 * se)
+  assert np.all(np.abs(out.upper - hi) < 5 * 0.060 * se)
+
+
+def test_noise_off_coverage_is_nominal_on_simulated_logistic_data():
+  """Bootstrap replicates of a pool with theta_0 its exact minimiser: coverage ~ 0.95.
+
+  Tolerance: 4 binomial sds of a single coordinate's coverage over R replicates (the
+  coordinate average is at least as precise); a wrong variance (e.g. dropping the
+  sandwich or sqrt(n)) moves coverage far outside it.
+  """
+  x, y = _logistic_pool(seed=3)
+  lam = 0.002
+  theta0 = _exact_fit(x, y, lam)
+  reps = 300
+  counts = np.random.default_rng(4).multinomial(len(y), np.full(len(y), 1 / len(y)), size=reps)
+  keys = jax.random.split(jax.random.key(5), reps)
+  out, _ = ci.confidence_intervals_batched(keys, x, y, budget=math.inf, counts=counts,
+                                           perturbation="output", privacy="zcdp", l2_reg=lam,
+                                           chunk_size=100)
+  cover = np.mean((out.lower <= theta0) & (theta0 <= out.upper))
+  assert abs(cover - 0.95) <= 4 * math.sqrt(0.95 * 0.05 / reps)
+
+
+def test_private_intervals_are_longer_and_deterministic():
+  x, y = _logistic_pool()
+  kw = dict(perturbation="output", privacy="pure", num_samples=2000)
+  a, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=2.0, **kw)
+  b, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=2.0, **kw)
+  c, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=math.inf, **kw)
+  np.testing.assert_array_equal(a.lower, b.lower)
+  assert np.all(a.upper - a.lower > c.upper - c.lower)
+  # Batched == single for the same key (one replicate, no counts).
+  keys = jax.random.split(jax.random.key(9), 2)
+  one, _ = ci.confidence_intervals(keys[1], x, y, budget=2.0, **kw)
+  for mode in ci.BATCH_MODES:  # lax.map and jax.vmap over the replicates agree
+    bat, _ = ci.confidence_intervals_batched(keys, x, y, budget=2.0, batch_mode=mode, **kw)
+    np.testing.assert_allclose(bat.lower[1], one.lower, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(bat.upper[1], one.upper, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("floor,expected", [("paper", 0.002), ("psd", 0.0)])
+def test_floors(floor, expected):
+  x, y = _logistic_pool()
+  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, budget=1.0, floor=floor,
+                                     num_samples=2000)
+  assert cal.covariance_floor == expected and cal.hessian_floor == 0.002
+  assert np.linalg.eigvalsh(out.covariance).min() >= expected - 1e-9
+  assert np.linalg.eigvalsh(out.hessian).min() >= 0.002 - 1e-9
+
+
+@pytest.mark.parametrize("loss", ["logistic", "huber"])
+def test_released_minimiser_is_certified(loss):
+  x, y = _logistic_pool()
+  lam = 0.002
+  out, cal = ci.confidence_intervals(jax.random.key(6), x, y, budget=math.inf, loss=loss,
+                                     perturbation="output", privacy="zcdp", l2_reg=lam)
+  _, g = certified_solve.objective_and_grad(out.theta, x, sens.as_signed_labels(y), loss=loss,
+                                            h=0.5, l2_total=lam)
+  assert np.linalg.norm(g) <= cal.tol
+
+
+def test_host_repair_certifies_a_bad_iterate():
+  x, y = _logistic_pool()
+  ys = sens.as_signed_labels(y)
+  cal = ci.calibrate(num_examples=len(y), dim=3, budget=math.inf, perturbation="output")
+  bad = np.array([0.3, 0.3, 0.3])
+  fixed = ci._repair(bad, np.zeros(3), np.array(1.0), cal, x, ys, np.ones(len(y)))
+  _, g = certified_solve.objective_and_grad(fixed, x, ys, loss="logistic", h=0.5,
+                                            l2_total=cal.l2_reg)
+  assert np.linalg.norm(g) <= cal.tol
+
+
+def test_input_validation():
+  x, y = _logistic_pool()
+  k = jax.random.key(0)
+  x, y = x[:200], y[:200]
+  with pytest.raises(ValueError, match="x"):
+    ci.confidence_intervals(k, 2 * x + 1, y, budget=1.0)
+  with pytest.raises(ValueError, match="y"):
+    ci.confidence_intervals(k, x, 2 * y, budget=1.0)
+  x_nan = x.copy()
+  x_nan[0, 0] = np.nan
+  with pytest.raises(ValueError, match="x"):
+    ci.confidence_intervals(k, x_nan, y, budget=1.0)
+  with pytest.raises(ValueError, match="budget"):
+    ci.confidence_intervals(k, x, y, budget=0.0)
+  with pytest.raises(ValueError, match="l2_reg"):
+    ci.confidence_intervals(k, x, y, budget=1.0, l2_reg=0.0)
+  with pytest.raises(ValueError, match="l2_reg"):  # Algorithm 1 needs c > t/(2n(e^eps - 1))
+    ci.confidence_intervals(k, x, y, budget=0.01, l2_reg=1e-5)
+  with pytest.raises(ValueError, match="alpha"):
+    ci.confidence_intervals(k, x, y, budget=1.0, alpha=1.5)
+  with pytest.raises(ValueError, match="floor"):
+    ci.confidence_intervals(k, x, y, budget=1.0, floor="none")
+  with pytest.raises(ValueError, match="h"):
+    ci.confidence_intervals(k, x, y, budget=1.0, loss="huber", h=0.0)
+  with pytest.raises(ValueError, match="counts"):
+    ci.confidence_intervals(k, x, y, budget=1.0, counts=-np.ones(200))
+  with pytest.raises(TypeError):
+    ci.confidence_intervals(0, x, y, budget=1.0)
+  assert isinstance(ci.calibrate(num_examples=10, dim=2, budget=math.inf).event,
+                    events.NonPrivateDpEvent)
