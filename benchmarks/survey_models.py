@@ -1,0 +1,94 @@
+"""Classic DP models (jaxdp.classic) vs diffprivlib: fit time ratios and accuracy at equal epsilon.
+
+Paper 004 (``../shared/papers/004_dp_machine_learning_survey.md``) Sec. 3. Two
+measurements from one run:
+
+1. **Fit time** of each model on Adult (naive Bayes, random trees, k-means)
+   and MNIST (PCA, rows scaled by 1/28): jaxdp (warm: the jit compile is timed
+   separately as ``compile_s``) vs diffprivlib 0.6.6, median of ``reps`` fits,
+   jaxdp's asynchronous dispatch included (``block_until_ready``). The ratio is
+   ``diffprivlib / jaxdp`` (> 1: jaxdp faster).
+2. **Metric at epsilon in {0.1, 1, 10}** for both libraries with the same
+   declared bounds (``configs/survey_models.py``): test accuracy, k-means test
+   cost over scikit-learn's, PCA captured test second moment (jaxdp PCA with
+   the pure-DP Laplace variant, the same guarantee as diffprivlib's).
+
+``--quick`` (1-2 min on two cores): 10,000 Adult rows, 10,000 MNIST rows, 2
+seeds, 3 timing reps. Needs ``$JAXDP_DATA_DIR`` and diffprivlib (``pip install
+-e .[compare]``). The LAST printed line is one JSON object with every figure.
+
+Usage: python benchmarks/survey_models.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pathlib
+import time
+
+import numpy as np
+
+from jaxdp.results_io import strict_json
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _load_module(name, path):
+  spec = importlib.util.spec_from_file_location(name, path)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--quick", action="store_true")
+  args = parser.parse_args()
+  sm = _load_module("survey_models_experiment", ROOT / "experiments" / "survey_models.py")
+  config = _load_module("survey_models_config", ROOT / "configs" / "survey_models.py").get_config()
+  dpl = sm.import_diffprivlib()
+  if dpl is None:
+    raise SystemExit("diffprivlib is needed for this benchmark: pip install -e .[compare]")
+  n = 10_000 if args.quick else 0
+  seeds = 2 if args.quick else 5
+  reps = 3 if args.quick else 5
+  epsilons = (0.1, 1.0, 10.0)
+  config.n_train = n
+  data = {"adult": sm.load(config)}
+  config.dataset = "mnist"
+  data["mnist"] = sm.load(config)
+  config.dataset = "adult"
+  plan = [("naive_bayes", "adult"), ("random_trees", "adult"), ("kmeans", "adult"),
+          ("pca_laplace", "mnist")]
+  figures = {"quick": args.quick, "n_train_adult": int(len(data["adult"]["y"])),
+             "n_train_mnist": int(len(data["mnist"]["y"])), "timing": {}, "metric": {}}
+  print("machine: 2 CPU cores shared with other jobs; timings are noisy, ratios are from one run.")
+  for model, ds in plan:
+    d = data[ds]
+    config.dataset = ds
+    t0 = time.perf_counter()
+    sm.fit_and_score(model, "jaxdp", 1.0, 10_000, d, config, dpl)   # compile
+    compile_s = time.perf_counter() - t0
+    dpl_model = "pca" if model == "pca_laplace" else model
+    ours = [sm.fit_and_score(model, "jaxdp", 1.0, 20_000 + r, d, config, dpl)[1] for r in range(reps)]
+    theirs = [sm.fit_and_score(dpl_model, "diffprivlib", 1.0, r, d, config, dpl)[1] for r in range(reps)]
+    o, t = float(np.median(ours)), float(np.median(theirs))
+    figures["timing"][f"{model}/{ds}"] = dict(jaxdp_s=o, diffprivlib_s=t, ratio=t / o,
+                                              jaxdp_compile_s=compile_s)
+    print(f"{model:>13s} on {ds}: jaxdp {o * 1e3:8.1f} ms (compile {compile_s:5.1f} s), "
+          f"diffprivlib {t * 1e3:8.1f} ms -> diffprivlib/jaxdp = {t / o:5.2f}x")
+    for eps in epsilons:
+      mo = [sm.fit_and_score(model, "jaxdp", eps, 30_000 + s, d, config, dpl)[0] for s in range(seeds)]
+      mt = [sm.fit_and_score(dpl_model, "diffprivlib", eps, 40_000 + s, d, config, dpl)[0]
+            for s in range(seeds)]
+      figures["metric"][f"{model}/{ds}/eps={eps:g}"] = dict(
+          jaxdp=float(np.mean(mo)), diffprivlib=float(np.mean(mt)), seeds=seeds)
+      print(f"{'':>13s} ε={eps:<4g} {sm.METRIC_LABEL[model]}: jaxdp {np.mean(mo):.4f} "
+            f"diffprivlib {np.mean(mt):.4f} (mean of {seeds})")
+  print(json.dumps(strict_json(figures)))
+
+
+if __name__ == "__main__":
+  main()

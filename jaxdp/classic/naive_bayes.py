@@ -1,0 +1,329 @@
+r"""Differentially private naive Bayes (paper 004, Sec. 3.2, Eqs. 25-28; Vaidya et al. 2013).
+
+Paper 004 = ``../shared/papers/004_dp_machine_learning_survey.md``.
+
+Model (Eq. 24): ``argmax_c Pr(c) prod_j Pr(x_j | c)`` with categorical
+``Pr(x_j = v | c)`` and Gaussian ``N(mu_cj, sigma_cj^2)`` features.
+
+What is released. Sufficient statistics, each a sum over records of a
+per-record contribution (see :mod:`jaxdp.classic._common`), with Laplace noise:
+
+* class counts ``n_c`` (Eq. 25): contribution ``e_y``, ``||.||_1 = 1``;
+* categorical counts ``n_{c, j, v}`` (Eq. 26): for every categorical feature
+  ``j`` one one-hot cell, ``||.||_1 = m_cat``;
+* for every Gaussian feature, with the declared bounds ``[l_j, u_j]`` mapped to
+  ``z = 2 (x - l_j)/(u_j - l_j) - 1 in [-1, 1]``: the per-class sums of ``z``
+  and of ``z^2``; ``||.||_1 <= 2 m_num``.
+
+Instead of Eqs. 27-28 (noise on the mean and the standard deviation with a
+sensitivity ``(u - l)/(n + 1)`` that uses the private class size ``n_c`` and
+assumes add/remove with a known ``n``), the means and variances are computed
+from the noisy sums and the *noisy* counts: ``mu = S/n~``,
+``sigma^2 = Q/n~ - mu^2`` (post-processing, no extra cost, no private ``n_c``
+in any noise scale).
+
+Budget split (explicit, basic composition, Dwork & Roth Thm. 3.16). The three
+blocks get ``epsilon_b = epsilon w_b / sum(w)`` with ``w = budget_split``
+(default proportional to the blocks' sensitivities ``(1, m_cat, 2 m_num)``,
+which gives every released number the same Laplace scale, i.e. one Laplace
+mechanism on the concatenated vector). Block ``b`` gets
+``Lap(Delta_b / epsilon_b)`` with ``Delta_b = B_b`` (add/remove) or ``2 B_b``
+(replace-one), so the fit is ``sum_b epsilon_b = epsilon``-DP. The survey's
+``Lap(1/epsilon)`` on *every* count (Eqs. 25-26) composes to
+``(1 + m_cat) epsilon`` (and replace-one doubles it); that is not what is
+spent here.
+
+Post-processing to probabilities: counts floored at 0 plus Laplace smoothing
+``alpha`` (as scikit-learn's ``CategoricalNB``), class sizes floored at 1,
+variances clipped to ``[var_floor, 1]`` in ``z`` units. With
+``epsilon = inf`` and ``alpha = 1`` the categorical model equals scikit-learn's
+``CategoricalNB(alpha=1)`` and the Gaussian one ``GaussianNB`` (up to its
+``var_smoothing``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxdp import _validation
+from jaxdp.accounting import events
+from jaxdp.classic import _common
+from jaxdp.mechanisms import laplace_noise
+
+
+class NaiveBayesStats(NamedTuple):
+  """(Noisy) sufficient statistics: the DP release itself."""
+  class_counts: jax.Array        # (C,)
+  cat_counts: jax.Array          # (m_cat, C, K_max), padded cells are unused
+  num_sums: jax.Array            # (C, m_num) sums of z
+  num_squares: jax.Array         # (C, m_num) sums of z^2
+
+
+class NaiveBayesModel(NamedTuple):
+  """Log-probabilities of the fitted model (a post-processing of the stats)."""
+  log_prior: jax.Array           # (C,)
+  cat_log_prob: jax.Array        # (m_cat, C, K_max); -inf on padded cells
+  mean: jax.Array                # (C, m_num) in z units
+  var: jax.Array                 # (C, m_num) in z units
+  lower: jax.Array               # (m_num,)
+  upper: jax.Array               # (m_num,)
+
+
+class NaiveBayesCalibration(NamedTuple):
+  """Per-block sensitivities, epsilons and Laplace scales."""
+  sensitivities: tuple[float, float, float]   # (classes, categorical, numeric)
+  epsilons: tuple[float, float, float]
+  scales: tuple[float, float, float]
+  neighbouring: str
+
+
+def naive_bayes_calibration(*, num_cat: int, num_num: int, epsilon: float,
+                            neighbouring: str = "replace_one",
+                            budget_split: Sequence[float] | None = None) -> NaiveBayesCalibration:
+  """Laplace scales of the three blocks (module docstring).
+
+  ``epsilon = inf`` gives zero scales (the non-private model).
+  """
+  rel = _common.check_relation(neighbouring)
+  eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+  per_record = (1.0, float(num_cat), 2.0 * float(num_num))
+  sens = tuple(_common.sum_sensitivity(b, rel) for b in per_record)
+  if budget_split is None:
+    weights = per_record
+  else:
+    weights = tuple(float(_validation.check_nonnegative(w, "budget_split")) for w in budget_split)
+    if len(weights) != 3:
+      raise ValueError(f"budget_split must have 3 weights (classes, categorical, numeric), got {budget_split!r}.")
+  used = [w for w, b in zip(weights, per_record) if b > 0]
+  if any(w <= 0 for w in used):
+    raise ValueError(f"budget_split gives zero budget to a block that is released: {weights!r}.")
+  total = sum(w for w, b in zip(weights, per_record) if b > 0)
+  eps_b = tuple((eps * w / total if b > 0 else 0.0) for w, b in zip(weights, per_record))
+  scales = tuple((s / e if (b > 0 and math.isfinite(eps)) else 0.0)
+                 for s, e, b in zip(sens, eps_b, per_record))
+  return NaiveBayesCalibration(sens, eps_b, scales, rel)
+
+
+def naive_bayes_event(cal: NaiveBayesCalibration) -> events.DpEvent:
+  """``ComposedDpEvent`` of one ``LaplaceDpEvent(1/epsilon_b)`` per released block."""
+  if any(math.isinf(e) for e in cal.epsilons):
+    return events.NonPrivateDpEvent()
+  leaves = [events.LaplaceDpEvent(noise_multiplier=sc / s, neighbouring=cal.neighbouring)
+            for s, sc, e in zip(cal.sensitivities, cal.scales, cal.epsilons) if e > 0]
+  return leaves[0] if len(leaves) == 1 else events.ComposedDpEvent(leaves)
+
+
+@functools.partial(jax.jit, static_argnames=("num_classes", "k_max"))
+def exact_statistics(y, x_cat, z, *, num_classes: int, k_max: int) -> NaiveBayesStats:
+  """Exact sufficient statistics (the per-record sums of the module docstring)."""
+  onehot_y = jax.nn.one_hot(y, num_classes, dtype=jnp.float32)              # (n, C)
+  class_counts = onehot_y.sum(0)
+  onehot_x = jax.nn.one_hot(x_cat, k_max, dtype=jnp.float32)                # (n, m_cat, K)
+  cat_counts = jnp.einsum("nc,njk->jck", onehot_y, onehot_x)
+  num_sums = onehot_y.T @ z
+  num_squares = onehot_y.T @ (z * z)
+  return NaiveBayesStats(class_counts, cat_counts, num_sums, num_squares)
+
+
+def _perturb(key, stats: NaiveBayesStats, scales) -> NaiveBayesStats:
+  k1, k2, k3, k4 = jax.random.split(key, 4)
+  sc, scat, snum = scales
+  return NaiveBayesStats(
+      stats.class_counts + laplace_noise(k1, stats.class_counts.shape, sc),
+      stats.cat_counts + laplace_noise(k2, stats.cat_counts.shape, scat),
+      stats.num_sums + laplace_noise(k3, stats.num_sums.shape, snum),
+      stats.num_squares + laplace_noise(k4, stats.num_squares.shape, snum))
+
+
+def model_from_statistics(stats: NaiveBayesStats, num_categories: jax.Array, lower, upper, *,
+                          alpha: float = 1.0, var_floor: float = 1e-4) -> NaiveBayesModel:
+  """Post-processing of (noisy) statistics into a model (no privacy cost)."""
+  counts = jnp.maximum(stats.class_counts, 0.0)
+  log_prior = jnp.log(counts + 1e-12) - jnp.log(jnp.sum(counts) + 1e-12)
+  k_max = stats.cat_counts.shape[-1]
+  valid = jnp.arange(k_max)[None, :] < num_categories[:, None]               # (m_cat, K)
+  cell = jnp.where(valid[:, None, :], jnp.maximum(stats.cat_counts, 0.0) + alpha, 0.0)
+  denom = cell.sum(-1, keepdims=True)
+  cat_log_prob = jnp.where(valid[:, None, :], jnp.log(cell) - jnp.log(denom), -jnp.inf)
+  n_c = jnp.maximum(stats.class_counts, 1.0)[:, None]
+  mean = jnp.clip(stats.num_sums / n_c, -1.0, 1.0)
+  var = jnp.clip(stats.num_squares / n_c - mean * mean, var_floor, 1.0)
+  return NaiveBayesModel(log_prior, cat_log_prob, mean, var,
+                         jnp.asarray(lower, jnp.float32), jnp.asarray(upper, jnp.float32))
+
+
+def _to_z(x_num, lower, upper):
+  return 2.0 * (x_num - lower) / (upper - lower) - 1.0
+
+
+@jax.jit
+def joint_log_likelihood(model: NaiveBayesModel, x_cat, x_num):
+  """``log Pr(c) + sum_j log Pr(x_j | c)`` for every class: ``(n, C)``."""
+  out = jnp.broadcast_to(model.log_prior, (x_cat.shape[0], model.log_prior.shape[0]))
+  if x_cat.shape[1]:
+    # cat_log_prob[j, c, x_cat[n, j]] summed over j.
+    lp = jnp.take_along_axis(model.cat_log_prob[None], x_cat[:, :, None, None], axis=3)[..., 0]
+    out = out + lp.sum(1)
+  if x_num.shape[1]:
+    z = jnp.clip(_to_z(x_num, model.lower, model.upper), -1.0, 1.0)
+    ll = -0.5 * (jnp.log(2 * jnp.pi * model.var)[None] + (z[:, None, :] - model.mean[None]) ** 2 / model.var[None])
+    out = out + ll.sum(-1)
+  return out
+
+
+def _prepare(x_cat, x_num, y, *, num_classes, num_categories, lower, upper, clip):
+  """Validates inputs (bounds policy of :mod:`jaxdp.classic._common`)."""
+  num_classes = _validation.check_positive_int(num_classes, "num_classes")
+  n = None
+  if x_cat is not None:
+    xc = _validation.check_finite_array(x_cat, "x_cat")
+    if xc.ndim != 2:
+      raise ValueError(f"x_cat must be 2-D (examples, features), got shape {xc.shape}.")
+    if num_categories is None:
+      raise ValueError("num_categories (the public number of values of each categorical "
+                       "feature) is required with x_cat; reading it off the data leaks.")
+    kc = np.broadcast_to(np.asarray(num_categories, np.int64), (xc.shape[1],))
+    if np.any(kc < 1):
+      raise ValueError(f"num_categories must be >= 1, got {num_categories!r}.")
+    if not np.all(np.equal(np.mod(xc, 1), 0)):
+      raise ValueError("x_cat must hold integer category codes.")
+    xc = xc.astype(np.int64)
+    if xc.size and (np.any(xc < 0) or np.any(xc >= kc[None, :])):
+      j = int(np.argwhere((xc < 0) | (xc >= kc[None, :]))[0, 1])
+      raise ValueError(f"x_cat column {j} has codes outside {{0, ..., {kc[j] - 1}}} (num_categories).")
+    n = xc.shape[0]
+  else:
+    kc = np.zeros((0,), np.int64)
+  if x_num is not None:
+    xn = _validation.check_finite_array(x_num, "x_num")
+    if xn.ndim != 2:
+      raise ValueError(f"x_num must be 2-D (examples, features), got shape {xn.shape}.")
+    lo, hi = _common.check_bounds(lower, upper, xn.shape[1], "x_num bounds")
+    xn = _common.check_data_in_bounds(xn, lo, hi, clip=clip, name="x_num")
+    if n is not None and xn.shape[0] != n:
+      raise ValueError(f"x_cat and x_num must have the same number of rows, got {n} and {xn.shape[0]}.")
+    n = xn.shape[0]
+  else:
+    lo = hi = np.zeros((0,))
+  if n is None:
+    raise ValueError("give at least one of x_cat and x_num.")
+  xc = xc if x_cat is not None else np.zeros((n, 0), np.int64)
+  xn = xn if x_num is not None else np.zeros((n, 0))
+  yy = _common.check_labels(y, num_classes, n)
+  return xc, xn, yy, kc, lo, hi, num_classes
+
+
+def private_naive_bayes(key: jax.Array, x_cat: Any, x_num: Any, y: Any, *, num_classes: int,
+                        epsilon: float, num_categories: Any = None, lower: Any = None,
+                        upper: Any = None, clip: bool = False,
+                        neighbouring: str = "replace_one",
+                        budget_split: Sequence[float] | None = None,
+                        alpha: float = 1.0, var_floor: float = 1e-4,
+                        accountant: Any = None) -> tuple[NaiveBayesModel, NaiveBayesStats, events.DpEvent]:
+  """Fits an ``epsilon``-DP naive Bayes model (module docstring).
+
+  Args:
+    key: a ``jax.random`` key, used once.
+    x_cat: ``(n, m_cat)`` integer codes or None.
+    x_num: ``(n, m_num)`` continuous features or None.
+    y: ``(n,)`` labels in ``{0, ..., num_classes - 1}`` (public label set).
+    num_classes: number of classes ``C``.
+    epsilon: total privacy parameter (``inf``: no noise, for baselines).
+    num_categories: public number of values of each categorical feature.
+    lower, upper: declared bounds of the continuous features (required).
+    clip: clip continuous values to the bounds (otherwise out-of-bound values raise).
+    neighbouring: ``"replace_one"`` (default, like the library's estimators) or ``"add_remove"``.
+    budget_split: weights of (class counts, categorical counts, numeric sums).
+    alpha, var_floor: post-processing smoothing.
+    accountant: optional accountant/budget; the event is spent before release.
+
+  Returns:
+    ``(model, noisy_stats, event)``.
+  """
+  _validation.check_key(key)
+  xc, xn, yy, kc, lo, hi, c = _prepare(x_cat, x_num, y, num_classes=num_classes,
+                                        num_categories=num_categories, lower=lower,
+                                        upper=upper, clip=clip)
+  cal = naive_bayes_calibration(num_cat=xc.shape[1], num_num=xn.shape[1], epsilon=epsilon,
+                                neighbouring=neighbouring, budget_split=budget_split)
+  event = naive_bayes_event(cal)
+  _common.spend(accountant, event)
+  k_max = int(kc.max()) if kc.size else 1
+  z = _to_z(xn, lo, hi) if xn.shape[1] else xn
+  stats = exact_statistics(jnp.asarray(yy, jnp.int32), jnp.asarray(xc, jnp.int32),
+                           jnp.asarray(z, jnp.float32), num_classes=c, k_max=k_max)
+  noisy = _perturb(key, stats, cal.scales)
+  model = model_from_statistics(noisy, jnp.asarray(kc, jnp.int32), lo, hi, alpha=alpha,
+                                var_floor=var_floor)
+  return model, noisy, event
+
+
+class PrivateNaiveBayes:
+  """scikit-learn-like private naive Bayes (categorical and/or Gaussian features).
+
+  ``fit(x, y)`` takes one array whose columns ``categorical_features`` are
+  integer codes (``num_categories`` values each) and whose other columns are
+  continuous within ``[lower, upper]``. Each fit draws a fresh key
+  (``seed`` + fit counter) and spends its event on ``accountant`` before
+  releasing anything.
+  """
+
+  def __init__(self, *, epsilon: float, num_classes: int, categorical_features: Sequence[int] = (),
+               num_categories: Any = None, lower: Any = None, upper: Any = None,
+               clip: bool = False, neighbouring: str = "replace_one",
+               budget_split: Sequence[float] | None = None, alpha: float = 1.0,
+               var_floor: float = 1e-4, accountant: Any = None, seed: int = 0):
+    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+    self.num_classes = _validation.check_positive_int(num_classes, "num_classes")
+    self.categorical_features = tuple(int(j) for j in categorical_features)
+    self.num_categories = num_categories
+    self.lower, self.upper, self.clip = lower, upper, clip
+    self.neighbouring = _common.check_relation(neighbouring)
+    self.budget_split, self.alpha, self.var_floor = budget_split, alpha, var_floor
+    self.accountant, self.seed = accountant, seed
+    self._fits = 0
+
+  def _split(self, x):
+    x = _validation.check_finite_array(x, "x")
+    if x.ndim != 2:
+      raise ValueError(f"x must be 2-D, got shape {x.shape}.")
+    cat = np.zeros(x.shape[1], bool)
+    cat[list(self.categorical_features)] = True
+    x_cat = x[:, cat] if cat.any() else None
+    x_num = x[:, ~cat] if (~cat).any() else None
+    return x_cat, x_num
+
+  def fit(self, x: Any, y: Any) -> "PrivateNaiveBayes":
+    x_cat, x_num = self._split(x)
+    key = _common.fit_key(self.seed, self._fits)
+    self._fits += 1
+    model, _, event = private_naive_bayes(
+        key, x_cat, x_num, y, num_classes=self.num_classes, epsilon=self.epsilon,
+        num_categories=self.num_categories, lower=self.lower, upper=self.upper, clip=self.clip,
+        neighbouring=self.neighbouring, budget_split=self.budget_split, alpha=self.alpha,
+        var_floor=self.var_floor, accountant=self.accountant)
+    self.model_, self.event_ = model, event
+    self.classes_ = np.arange(self.num_classes)
+    return self
+
+  def predict_log_joint(self, x: Any) -> np.ndarray:
+    if not hasattr(self, "model_"):
+      raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+    x_cat, x_num = self._split(x)
+    n = np.asarray(x).shape[0]
+    xc = np.zeros((n, 0), np.int32) if x_cat is None else np.clip(
+        x_cat.astype(np.int32), 0, np.broadcast_to(np.asarray(self.num_categories), (x_cat.shape[1],)) - 1)
+    xn = np.zeros((n, 0), np.float32) if x_num is None else x_num.astype(np.float32)
+    return np.asarray(joint_log_likelihood(self.model_, jnp.asarray(xc), jnp.asarray(xn)))
+
+  def predict(self, x: Any) -> np.ndarray:
+    return np.argmax(self.predict_log_joint(x), axis=1)
+
+  def score(self, x: Any, y: Any) -> float:
+    return float(np.mean(self.predict(x) == np.asarray(y)))

@@ -1,0 +1,152 @@
+"""Private k-means (jaxdp.classic.kmeans): per-iteration spend, eps = inf, audits."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.cluster import KMeans
+
+from classic_audit_util import laplace_log_ratio
+from jaxdp import audit
+from jaxdp.accounting import PrivacyAccountant
+from jaxdp.classic import kmeans as km
+
+
+def _blobs(n=1500, seed=0):
+  rng = np.random.default_rng(seed)
+  centers = np.array([[-2.0, -2.0], [2.0, 2.0], [2.0, -2.0]])
+  return np.clip(centers[rng.integers(0, 3, n)] + 0.4 * rng.normal(size=(n, 2)), -4, 4)
+
+
+@pytest.mark.parametrize("iterations", [1, 4, 10])
+@pytest.mark.parametrize("dim", [2, 10, 784])
+def test_per_iteration_spend_never_exceeds_eps_over_t(iterations, dim):
+  # diffprivlib 0.6.6 spends more than eps/T per iteration (1.2x at d = 10,
+  # 5.4x at d = 784); this fails if ours ever does.
+  eps = 1.0
+  cal = km.lloyd_calibration(lower=np.zeros(dim), upper=np.ones(dim), epsilon=eps,
+                             iterations=iterations)
+  one = PrivacyAccountant()
+  one.spend(km.lloyd_iteration_event(cal))
+  assert one.pure_epsilon() <= eps / iterations * (1 + 1e-12)
+  total = PrivacyAccountant()
+  total.spend(km.lloyd_event(cal))
+  assert total.pure_epsilon() == pytest.approx(eps)
+  # Scales from the formulas: Delta_count = 2, Delta_sum = 2 * sum(u - l)/2 = d (replace-one).
+  assert cal.count_scale == pytest.approx(2.0 / (0.5 * eps / iterations))
+  assert cal.sum_scale == pytest.approx(dim / (0.5 * eps / iterations))
+
+
+def test_add_remove_halves_the_sensitivities():
+  cal = km.lloyd_calibration(lower=[0, -1], upper=[2, 1], epsilon=1.0, iterations=2,
+                             neighbouring="add_remove", count_fraction=0.25)
+  assert (cal.count_sensitivity, cal.sum_sensitivity) == (1.0, 2.0)
+  assert cal.count_scale == pytest.approx(1.0 / 0.125)
+  assert cal.sum_scale == pytest.approx(2.0 / 0.375)
+  assert km.sample_aggregate_sensitivity(lower=[0, -1], upper=[2, 1], num_clusters=3,
+                                         num_blocks=6) == pytest.approx(3 * 4 / 6)
+
+
+def test_eps_inf_reproduces_sklearn_lloyd():
+  x = _blobs()
+  init = np.array([[-1.0, -1.0], [1.0, 1.5], [1.5, -1.0]])
+  c, ev = km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=np.inf, lower=-4, upper=4,
+                      iterations=20, init=init)
+  ref = KMeans(3, init=init, n_init=1, max_iter=20, algorithm="lloyd").fit(x)
+  np.testing.assert_allclose(c, ref.cluster_centers_, atol=1e-4)
+  assert float(km.kmeans_cost(x, c)) == pytest.approx(ref.inertia_, rel=1e-4)
+
+
+@pytest.mark.parametrize("method", ["lloyd", "sample_aggregate"])
+def test_private_fit_cost_and_accounting(method):
+  x = _blobs(6000)
+  acc = PrivacyAccountant()
+  est = km.PrivateKMeans(n_clusters=3, epsilon=2.0, lower=-4, upper=4, method=method,
+                         num_blocks=100, accountant=acc).fit(x)
+  ref = KMeans(3, n_init=4, random_state=0).fit(x).inertia_
+  # Lloyd: near the optimum. Sample and aggregate adds Lap(3*16/100/2 = 0.24) per
+  # coordinate, about 4 * 0.24^2 = 0.23 per point on top of the optimum's 0.32.
+  assert est.inertia(x) < (1.5 if method == "lloyd" else 3.0) * ref
+  assert acc.pure_epsilon() == pytest.approx(2.0)
+  assert acc.neighbouring == "replace_one"
+  assert est.predict(x).shape == (6000,)
+
+
+def test_empty_clusters_get_noise_too():
+  # All points in one corner, a centroid far away: its cluster is empty yet its
+  # count and sum are noisy (never an exact zero that reveals emptiness).
+  x = np.full((20, 2), -1.0)
+  cents = jnp.array([[-1.0, -1.0], [1.0, 1.0]])
+  counts, sums = km.noisy_lloyd_step(jax.random.key(0), jnp.asarray(x, jnp.float32), cents,
+                                     jnp.zeros(2), 1.0, 1.0)
+  assert float(counts[1]) != 0.0 and np.all(np.asarray(sums[1]) != 0.0)
+
+
+def test_bad_inputs_raise():
+  x = _blobs(100)
+  with pytest.raises(ValueError, match="bounds are required"):
+    km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=None, upper=4)
+  with pytest.raises(ValueError, match="outside the declared bounds"):
+    km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=-1, upper=1)
+  with pytest.raises(ValueError, match="count_fraction"):
+    km.lloyd_calibration(lower=0, upper=1, epsilon=1.0, iterations=2, count_fraction=1.0)
+  with pytest.raises(ValueError, match="method"):
+    km.PrivateKMeans(n_clusters=2, epsilon=1.0, method="kmeans++")
+  with pytest.raises(ValueError, match="init must have shape"):
+    km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=-4, upper=4,
+                init=np.zeros((2, 2)))
+
+
+# ------------------------------------------------------------------ audits
+
+# One DP-Lloyd iteration with public centroids at the two corners; the worst-case
+# replace-one neighbour moves a point from the lower corner (cluster 0) to the
+# upper corner (cluster 1): counts move by 2 = Delta_count, sums by 2 R_1 = Delta_sum.
+_LO, _HI = np.array([0.0, 0.0]), np.array([1.0, 1.0])
+_C = jnp.array([[0.0, 0.0], [1.0, 1.0]])
+_D = np.array([[0.0, 0.0]])
+_DN = np.array([[1.0, 1.0]])
+
+
+def _iteration_audit(claim_t, spend_t):
+  """Audits one iteration calibrated for ``spend_t`` iterations against a claim for ``claim_t``."""
+  eps = 1.0
+  cal = km.lloyd_calibration(lower=_LO, upper=_HI, epsilon=eps, iterations=spend_t,
+                             count_fraction=0.5)
+  mid = jnp.asarray((_LO + _HI) / 2, jnp.float32)
+  exact = lambda d: jnp.concatenate([jnp.ravel(a) for a in km.lloyd_statistics(
+      jnp.asarray(d, jnp.float32), _C, mid)])
+  s0, s1 = exact(_D), exact(_DN)
+  # Equal scales for counts and sums (R_1 = 1 here), so one scale in the log ratio.
+  assert cal.count_scale == pytest.approx(cal.sum_scale)
+  mech = lambda key, d: jnp.concatenate([jnp.ravel(a) for a in km.noisy_lloyd_step(
+      key, jnp.asarray(d, jnp.float32), _C, mid, cal.count_scale, cal.sum_scale)])
+  stat = lambda o: laplace_log_ratio(o, s0, s1, cal.count_scale)
+  return audit.audit_epsilon(mech, _D, _DN, stat, key=jax.random.key(1), num_trials=20_000,
+                             batch_size=20_000, claimed_epsilon=eps / claim_t, progress=False)
+
+
+def test_audit_one_lloyd_iteration_spends_at_most_eps_over_t():
+  r = _iteration_audit(claim_t=2, spend_t=2)
+  assert 0.15 <= r.epsilon_lower_bound <= 0.5
+
+
+def test_audit_catches_an_iteration_calibrated_for_fewer_iterations():
+  # Noise for eps/1 per iteration while claiming eps/4: caught.
+  r = _iteration_audit(claim_t=4, spend_t=1)
+  assert r.violates_claim
+
+
+def test_audit_sample_and_aggregate_worst_case():
+  # q = K = 1, n = 1: the block output is the point itself, so moving it across the
+  # box moves the mean by the full Delta_1 = sum(u - l) = 2.
+  eps = 1.0
+  sens = km.sample_aggregate_sensitivity(lower=_LO, upper=_HI, num_clusters=1, num_blocks=1)
+  mech = lambda key, d: km._sample_aggregate_core(
+      key, d, jnp.asarray(_LO, jnp.float32), jnp.asarray(_HI, jnp.float32), k=1, num_blocks=1,
+      iterations=2, scale=sens / eps)
+  stat = lambda o: jnp.sum(o)
+  r = audit.audit_epsilon(mech, jnp.asarray(_D, jnp.float32), jnp.asarray(_DN, jnp.float32), stat,
+                          key=jax.random.key(2), num_trials=20_000, batch_size=20_000,
+                          claimed_epsilon=eps, progress=False)
+  assert 0.2 <= r.epsilon_lower_bound <= eps

@@ -1,0 +1,105 @@
+"""Private random decision trees (jaxdp.classic.random_trees): scales, eps = inf, audit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from classic_audit_util import laplace_log_ratio
+from jaxdp import audit
+from jaxdp.accounting import PrivacyAccountant
+from jaxdp.classic import random_trees as rt
+
+
+@pytest.mark.parametrize("rel,factor", [("add_remove", 1.0), ("replace_one", 2.0)])
+def test_scales_match_eq_31_and_composition(rel, factor):
+  # split: Lap(N/eps) per count (Eq. 31 + sequential composition); disjoint: Lap(1/eps).
+  assert rt.random_trees_scale(num_trees=8, epsilon=2.0, tree_budget="split",
+                               neighbouring=rel) == pytest.approx(factor * 8 / 2.0)
+  assert rt.random_trees_scale(num_trees=8, epsilon=2.0, tree_budget="disjoint",
+                               neighbouring=rel) == pytest.approx(factor * 1 / 2.0)
+  acc = PrivacyAccountant()
+  acc.spend(rt.random_trees_event(2.0, rel))
+  assert acc.pure_epsilon() == pytest.approx(2.0) and acc.neighbouring == rel
+
+
+def test_leaf_index_follows_the_thresholds():
+  # depth 2, nodes (heap order) 0: x0 > .5, 1: x1 > .5, 2: x1 > .2
+  f = jnp.array([0, 1, 1])
+  t = jnp.array([0.5, 0.5, 0.2])
+  x = jnp.array([[0.1, 0.1], [0.1, 0.9], [0.9, 0.1], [0.9, 0.9]])
+  np.testing.assert_array_equal(rt.leaf_index(x, f, t, 2), [0, 1, 2, 3])
+
+
+def _data(n=4000, seed=0):
+  rng = np.random.default_rng(seed)
+  x = rng.uniform(size=(n, 4))
+  y = (x[:, 0] + 0.3 * x[:, 1] > 0.65).astype(int)
+  return x, y
+
+
+@pytest.mark.parametrize("budget", ["split", "disjoint"])
+def test_eps_inf_counts_are_exact(budget):
+  x, y = _data(500)
+  trees, ev = rt.private_random_trees(jax.random.key(0), x, y, num_classes=2, epsilon=np.inf,
+                                      lower=0, upper=1, num_trees=4, depth=3, tree_budget=budget)
+  counts = np.asarray(trees.counts)
+  # Every record lands in exactly one leaf per tree (split) or in one tree (disjoint).
+  assert counts.sum() == pytest.approx(500 * (4 if budget == "split" else 1))
+  leaves = np.asarray(rt.leaf_index(jnp.asarray(x, jnp.float32), trees.features[0],
+                                    trees.thresholds[0], 3))
+  if budget == "split":
+    ref = np.zeros((8, 2))
+    np.add.at(ref, (leaves, y), 1)
+    np.testing.assert_array_equal(counts[0], ref)
+  assert np.all((np.asarray(trees.thresholds) >= 0) & (np.asarray(trees.thresholds) <= 1))
+
+
+def test_private_ensemble_accuracy():
+  x, y = _data()
+  xt, yt = _data(2000, seed=1)
+  est = rt.PrivateRandomTrees(epsilon=1.0, num_classes=2, lower=0, upper=1, n_estimators=20,
+                              depth=5).fit(x, y)
+  assert est.score(xt, yt) > 0.8
+
+
+def test_bad_inputs_raise():
+  x, y = _data(50)
+  with pytest.raises(ValueError, match="bounds are required"):
+    rt.private_random_trees(jax.random.key(0), x, y, num_classes=2, epsilon=1.0, lower=None,
+                            upper=1)
+  with pytest.raises(ValueError, match="outside the declared bounds"):
+    rt.private_random_trees(jax.random.key(0), x * 2, y, num_classes=2, epsilon=1.0, lower=0,
+                            upper=1)
+  with pytest.raises(ValueError, match="tree_budget"):
+    rt.random_trees_scale(num_trees=2, epsilon=1.0, tree_budget="bagging")
+
+
+@pytest.mark.parametrize("budget,scale_factor,violates",
+                         [("split", 1.0, False), ("disjoint", 1.0, False), ("split", 0.25, True)])
+def test_audit_random_trees_worst_case(budget, scale_factor, violates):
+  # Worst-case replace-one neighbour: the only record keeps its features and flips its
+  # label, so in every tree it holds (all N in split mode) one count moves from class 0
+  # to class 1 (L1 change 2 per tree = Delta). The structure is data-independent, so the
+  # statistic recomputes the record's leaf from the released structure.
+  n_trees, depth, eps = 3, 2, 1.0
+  x = jnp.array([[0.3, 0.7]])
+  scale = rt.random_trees_scale(num_trees=n_trees, epsilon=eps, tree_budget=budget) * scale_factor
+  lo, hi = jnp.zeros(2), jnp.ones(2)
+  mech = lambda key, y: rt._fit_core(key, x, y, lo, hi, num_trees=n_trees, depth=depth,
+                                     num_classes=2, disjoint=budget == "disjoint", scale=scale)
+
+  def stat(trees):
+    leaf = jax.vmap(lambda f, t: rt.leaf_index(x, f, t, depth)[0])(trees.features, trees.thresholds)
+    # (N, 2) noisy counts of the record's leaves. In disjoint mode only the (hidden)
+    # owning tree holds the record: summing over all trees is a valid, weaker test.
+    o = trees.counts[jnp.arange(n_trees), leaf]
+    s0 = jnp.tile(jnp.array([1.0, 0.0]), (n_trees, 1))
+    s1 = jnp.tile(jnp.array([0.0, 1.0]), (n_trees, 1))
+    return laplace_log_ratio(o, s0, s1, scale)
+
+  r = audit.audit_epsilon(mech, jnp.array([0]), jnp.array([1]), stat, key=jax.random.key(0),
+                          num_trials=20_000, batch_size=20_000, claimed_epsilon=eps, progress=False)
+  assert r.violates_claim == violates
+  if not violates:
+    assert r.epsilon_lower_bound >= (0.2 if budget == "split" else 0.05)
