@@ -1,59 +1,73 @@
 """Private linear models on MNIST: jitted L-BFGS vs scipy, batched private fits, accuracy table.
 
-Three measurements, all from one run (paper 000 = ``../shared/papers/000_tradeoffs_of_private_prediction.md``,
+Four measurements, all from one run (paper 000 = ``../shared/papers/000_tradeoffs_of_private_prediction.md``,
 Sec. 4.1-4.2):
 
 1. **Solver.** One regularised softmax fit (``(1/N) sum l + (lambda/2)||W||^2``,
-   rows in the unit ball) with jaxdp's jitted ``optax.lbfgs`` + zoom line search
-   vs ``scipy.optimize.minimize(method="L-BFGS-B")`` on the *same* objective
-   (float64 numpy value and gradient) and the *same* stopping rule
-   (``||grad||_2 <= tol``, checked in a callback). Wall time ratio and the final
-   objective of each (both evaluated in float64).
-2. **100 loss-perturbation fits** (paper 000 Alg. 4, eps = 1): one batched jaxdp
-   call (``batch_mode="vmap"`` and ``"map"``) vs 100 sequential jaxdp calls vs
-   100 scipy fits of the same perturbed objectives (same noise draws).
-3. **Accuracy table** on the MNIST test set: non-private, model sensitivity
+   rows in the unit ball) with jaxdp's default solver (``glm_solver.minimize_glm``,
+   float32) and the previous ``optax.lbfgs`` path (``solver="lbfgs"``, full run
+   only) vs ``scipy.optimize.minimize(method="L-BFGS-B")`` (float64) on the *same*
+   objective with ``X`` stored as CSR (the strongest scipy baseline: MNIST is ~19%
+   non-zero) and dense, *same* stopping rule (``||grad||_2 <= tol``, checked in a
+   callback). Wall-time ratios and the final objectives (all evaluated in float64).
+2. **First call vs warm call** of ``fit_linear`` in fresh subprocesses: no
+   persistent cache, cache cold (being filled) and cache warm
+   (:func:`jaxdp.enable_compilation_cache`).
+3. **100 loss-perturbation fits** (paper 000 Alg. 4, eps = 1; including the
+   float64 certificate and AMP output noise): one batched jaxdp call
+   (``batch_mode="vmap"`` and ``"map"``; ``--quick`` on a CPU: ``"map"`` only, what
+   ``"auto"`` picks there) vs 100 sequential jaxdp calls vs
+   100 sequential scipy fits (CSR and dense ``X``) of the same perturbed objectives
+   (same noise draws).
+4. **Accuracy table** on the MNIST test set: non-private, model sensitivity
    (Alg. 1/3) and loss perturbation (Alg. 4/5) at eps in {0.1, 1, 10},
    delta in {0, 1e-5}; lambda chosen on a held-out 10% of the training set.
 
-``--quick`` (about two minutes on two CPU cores): N = 10,000 training images,
-PCA to D = 50 for parts 2-3, scipy timed on 10 of the 100 perturbed objectives
+Part 3 always uses MNIST-PCA-50 on N = 10,000 training images.
+``--quick`` (about two minutes on two idle CPU cores): N = 10,000 training images
+for every part, PCA to D = 50 for parts 3-4, scipy timed on 10 of the 100 perturbed objectives
 (total extrapolated x10, labelled), 3 noise draws and 3 lambdas in the table. Needs ``$JAXDP_DATA_DIR``
 (``shared/data``); without it the sklearn ``digits`` set is used and the JSON
 says so. The LAST printed line is one JSON object with every figure.
 
-Usage: python benchmarks/linear.py [--quick] [--dataset mnist|digits]
+Usage: python benchmarks/linear.py [--quick] [--dataset mnist|digits] [--no-accuracy]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
+import scipy.sparse
 from scipy.special import logsumexp
 
+import jaxdp
 from jaxdp.results_io import strict_json
 from jaxdp import data as jdata
-from jaxdp.mechanisms import l2_laplace_noise
-from jaxdp.training import linear, objective_perturbation, output_perturbation
+from jaxdp.mechanisms import l2_laplace_noise, noise_scale_as
+from jaxdp.training import certified_solve, linear, objective_perturbation, output_perturbation
 
 
 def _np_objective(w_flat, x, y_onehot, lam, b_over_n=None, extra=0.0):
   """float64 value and gradient of mean softmax CE + (lam+extra)/2 ||W||^2 + <b/N, W>."""
   d, c = x.shape[1], y_onehot.shape[1]
   w = w_flat.reshape(d, c)
-  logits = x @ w
+  logits = np.asarray(x @ w)  # x dense or scipy.sparse CSR
   lse = logsumexp(logits, axis=1)
   value = np.mean(lse - np.sum(y_onehot * logits, axis=1)) + 0.5 * (lam + extra) * np.sum(w * w)
   p = np.exp(logits - lse[:, None])
-  grad = x.T @ (p - y_onehot) / x.shape[0] + (lam + extra) * w
+  grad = np.asarray(x.T @ (p - y_onehot)) / x.shape[0] + (lam + extra) * w
   if b_over_n is not None:
     value += np.sum(b_over_n * w)
     grad = grad + b_over_n
@@ -93,36 +107,76 @@ def _pca(ds, dims):
   return xt.astype(np.float32), xs.astype(np.float32)
 
 
-def bench_solver(x, y, c, lam, tol):
+def bench_solver(x, y, c, lam, tol, with_optax):
   onehot = np.eye(c)[y]
   x64 = x.astype(np.float64)
-  fit = lambda: linear.fit_linear(x, y, num_classes=c, l2_reg=lam, tol=tol)
+  x_csr = scipy.sparse.csr_matrix(x64)
+  out = dict(n=int(x.shape[0]), d=int(x.shape[1]), c=int(c), l2_reg=lam, tol=tol,
+             density=float(x_csr.nnz / x64.size))
+  solvers = ("glm", "lbfgs") if with_optax else ("glm",)
+  for solver in solvers:
+    fit = lambda: linear.fit_linear(x, y, num_classes=c, l2_reg=lam, tol=tol, solver=solver)
+    t0 = time.perf_counter()
+    jax.block_until_ready(fit().weights)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model = fit()
+    jax.block_until_ready(model.weights)
+    warm = time.perf_counter() - t0
+    value, g = _np_objective(np.asarray(model.weights, np.float64).reshape(-1), x64, onehot, lam)
+    tag = "jaxdp" if solver == "glm" else "jaxdp_optax_lbfgs"
+    out.update({f"{tag}_seconds": warm, f"{tag}_first_call_seconds": first,
+                f"{tag}_iters": int(model.info.num_iter), f"{tag}_objective": float(value),
+                f"{tag}_grad_norm_f64": float(np.linalg.norm(g)),
+                f"{tag}_converged": bool(model.info.converged)})
+  for name, xs in (("scipy_csr", x_csr), ("scipy_dense", x64)):
+    t0 = time.perf_counter()
+    _, sp_value, sp_gnorm, sp_iters = scipy_fit(xs, onehot, lam, tol)
+    out[f"{name}_seconds"] = time.perf_counter() - t0
+    out.update({f"{name}_objective": float(sp_value), f"{name}_grad_norm": sp_gnorm,
+                f"{name}_iters": sp_iters})
+  out["scipy_csr_over_jaxdp_time"] = out["scipy_csr_seconds"] / out["jaxdp_seconds"]
+  out["scipy_dense_over_jaxdp_time"] = out["scipy_dense_seconds"] / out["jaxdp_seconds"]
+  if with_optax:
+    out["optax_lbfgs_over_jaxdp_time"] = out["jaxdp_optax_lbfgs_seconds"] / out["jaxdp_seconds"]
+  out["objective_jaxdp_minus_scipy_csr"] = out["jaxdp_objective"] - out["scipy_csr_objective"]
+  return out
+
+
+def _first_call_child(args):
+  """Subprocess body: time the first and the second ``fit_linear`` call (fresh process)."""
+  if args.first_call_child != "none":
+    jaxdp.enable_compilation_cache(args.first_call_child)
+  ds = _load(args.dataset, args.quick, os.environ.get("JAXDP_DATA_DIR"))
+  fit = lambda: linear.fit_linear(ds.x_train, ds.y_train, num_classes=ds.num_classes, l2_reg=1e-4,
+                                  tol=1e-6)
   t0 = time.perf_counter()
   jax.block_until_ready(fit().weights)
-  compile_s = time.perf_counter() - t0
+  first = time.perf_counter() - t0
   t0 = time.perf_counter()
-  model = fit()
-  jax.block_until_ready(model.weights)
-  jax_s = time.perf_counter() - t0
-  t0 = time.perf_counter()
-  _, sp_value, sp_gnorm, sp_iters = scipy_fit(x64, onehot, lam, tol)
-  scipy_s = time.perf_counter() - t0
-  jax_value, jax_g = _np_objective(np.asarray(model.weights, np.float64).reshape(-1), x64, onehot, lam)
-  return dict(n=int(x.shape[0]), d=int(x.shape[1]), c=int(c), l2_reg=lam, tol=tol,
-              jaxdp_seconds=jax_s, jaxdp_compile_seconds=compile_s, scipy_seconds=scipy_s,
-              scipy_over_jaxdp_time=scipy_s / jax_s, jaxdp_objective=float(jax_value),
-              scipy_objective=float(sp_value),
-              objective_rel_diff=float(abs(jax_value - sp_value) / abs(sp_value)),
-              jaxdp_iters=int(model.info.num_iter), scipy_iters=sp_iters,
-              jaxdp_grad_norm_f64=float(np.linalg.norm(jax_g)), scipy_grad_norm=sp_gnorm,
-              jaxdp_converged=bool(model.info.converged))
+  jax.block_until_ready(fit().weights)
+  print(json.dumps(dict(first=first, warm=time.perf_counter() - t0)))
 
 
-def bench_batched(x, y, c, lam, tol, num_fits, num_scipy_fits, eps=1.0):
+def bench_first_call(name, quick):
+  """First vs warm call in fresh processes: no cache, cache being filled, cache warm."""
+  out = {}
+  with tempfile.TemporaryDirectory() as cache:
+    for tag, arg in (("no_cache", "none"), ("cache_cold", cache), ("cache_warm", cache)):
+      cmd = [sys.executable, os.path.abspath(__file__), "--dataset", name,
+             "--first-call-child", arg] + (["--quick"] if quick else [])
+      res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+      r = json.loads(res.stdout.strip().splitlines()[-1])
+      out[f"{tag}_first_seconds"], out[f"{tag}_warm_seconds"] = r["first"], r["warm"]
+      out[f"{tag}_first_minus_warm"] = r["first"] - r["warm"]
+  return out
+
+
+def bench_batched(x, y, c, lam, tol, num_fits, num_scipy_fits, eps=1.0, modes=("vmap", "map")):
   n = x.shape[0]
   keys = jax.random.split(jax.random.key(0), num_fits)
   out = {"num_fits": num_fits, "n": int(n), "d": int(x.shape[1]), "epsilon": eps}
-  for mode in ("vmap", "map"):
+  for mode in modes:
     run = lambda: objective_perturbation.loss_perturbation(
         keys, x, y, num_classes=c, epsilon=eps, l2_reg=lam, tol=tol, batch_mode=mode)
     t0 = time.perf_counter()
@@ -132,41 +186,57 @@ def bench_batched(x, y, c, lam, tol, num_fits, num_scipy_fits, eps=1.0):
     res = run()
     jax.block_until_ready(res.weights)
     out[f"batched_{mode}_seconds"] = time.perf_counter() - t0
+    out[f"batched_{mode}_certify_route_counts"] = np.bincount(
+        np.asarray(res.certificate.route), minlength=3).tolist()
   single = lambda k: objective_perturbation.loss_perturbation(
       k, x, y, num_classes=c, epsilon=eps, l2_reg=lam, tol=tol)
   jax.block_until_ready(single(keys[0]).weights)  # compile
   t0 = time.perf_counter()
-  seq = [single(k).weights for k in keys]
+  seq = [single(k).weights for k in keys[:num_scipy_fits]]
   jax.block_until_ready(seq)
-  out["sequential_jaxdp_seconds"] = time.perf_counter() - t0
-  # scipy on the same perturbed objectives: regenerate the same noise draws.
-  cal = res.calibration
+  out["sequential_jaxdp_seconds"] = (time.perf_counter() - t0) * num_fits / num_scipy_fits
+  # scipy on the same perturbed objectives: regenerate the same noise draws (delta = 0: L2-Laplace).
+  cal = res.calibration.objective
   d = x.shape[1]
-  noise = jax.vmap(lambda k: l2_laplace_noise(k, (d, c), cal.scale))(keys)
-  onehot, x64 = np.eye(c)[y], x.astype(np.float64)
+  obj_keys = jax.vmap(jax.random.split)(keys)[:, 0]  # loss_perturbation's objective keys
+  beta = noise_scale_as(cal.scale, jnp.float32, round_up=False)
+  noise = np.asarray(jax.vmap(lambda k: l2_laplace_noise(k, (d, c), beta, jnp.float32))(obj_keys),
+                     np.float64)
+  # Host-side float64 certificate of the 100 fits alone (part of the batched times above).
+  cert_w = np.asarray(res.certificate.weights)
   t0 = time.perf_counter()
-  sp_w, sp_iters, sp_gn = [], [], []
-  for i in range(num_scipy_fits):
-    w, _, gn, it = scipy_fit(x64, onehot, lam, tol, np.asarray(noise[i], np.float64) / n,
-                             cal.extra_l2)
-    sp_w.append(w.reshape(d, c))
-    sp_iters.append(it)
-    sp_gn.append(gn)
-  measured = time.perf_counter() - t0
+  cert = certified_solve.certify_minimizers(
+      cert_w, x, y, loss="softmax", h=0.5, l2_total=res.calibration.strong_convexity,
+      tol=res.calibration.tol, linear_term=noise / n, batched=True, polish=False)
+  out["certificate_seconds_100_fits"] = time.perf_counter() - t0
+  out["certificate_all_route0"] = bool(np.all(np.asarray(cert.route) == 0))
+  onehot, x64 = np.eye(c)[y], x.astype(np.float64)
   out["scipy_fits_measured"] = num_scipy_fits
-  out["scipy_mean_iters"] = float(np.mean(sp_iters))
-  out["scipy_max_grad_norm"] = float(np.max(sp_gn))
+  for name, xs in (("scipy_csr", scipy.sparse.csr_matrix(x64)), ("scipy_dense", x64)):
+    t0 = time.perf_counter()
+    sp_w, sp_iters, sp_gn = [], [], []
+    for i in range(num_scipy_fits):
+      w, _, gn, it = scipy_fit(xs, onehot, lam, tol, noise[i] / n, cal.extra_l2)
+      sp_w.append(w.reshape(d, c))
+      sp_iters.append(it)
+      sp_gn.append(gn)
+    measured = time.perf_counter() - t0
+    out[f"{name}_mean_iters"] = float(np.mean(sp_iters))
+    out[f"{name}_max_grad_norm"] = float(np.max(sp_gn))
+    out[f"{name}_measured_seconds"] = measured
+    # Total for num_fits scipy fits (measured directly when num_scipy_fits == num_fits).
+    out[f"{name}_seconds"] = measured * num_fits / num_scipy_fits
   out["jaxdp_mean_iters"] = float(np.mean(np.asarray(res.info.num_iter)))
   out["jaxdp_max_grad_norm"] = float(np.max(np.asarray(res.info.grad_norm)))
-  out["scipy_measured_seconds"] = measured
-  # Total for num_fits scipy fits (measured directly when num_scipy_fits == num_fits).
-  out["scipy_seconds"] = measured * num_fits / num_scipy_fits
-  diff = np.max(np.abs(np.stack(sp_w) - np.asarray(res.weights[:num_scipy_fits], np.float64)))
+  # The certified (pre-output-noise) minimisers vs scipy's float64 minimisers.
+  diff = np.max(np.abs(np.stack(sp_w) - cert_w[:num_scipy_fits]))
   out["max_abs_weight_diff_vs_scipy"] = float(diff)
-  out["sequential_over_vmap"] = out["sequential_jaxdp_seconds"] / out["batched_vmap_seconds"]
-  out["sequential_over_map"] = out["sequential_jaxdp_seconds"] / out["batched_map_seconds"]
-  out["scipy_over_best_batched"] = out["scipy_seconds"] / min(out["batched_vmap_seconds"],
-                                                             out["batched_map_seconds"])
+  best = min(out[f"batched_{mode}_seconds"] for mode in modes)
+  for mode in modes:
+    out[f"sequential_over_{mode}"] = (out["sequential_jaxdp_seconds"]
+                                      / out[f"batched_{mode}_seconds"])
+  out["scipy_csr_over_best_batched"] = out["scipy_csr_seconds"] / best
+  out["scipy_dense_over_best_batched"] = out["scipy_dense_seconds"] / best
   return out
 
 
@@ -211,54 +281,81 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true")
   parser.add_argument("--dataset", default=None, help="mnist (default if $JAXDP_DATA_DIR) or digits")
+  parser.add_argument("--no-accuracy", action="store_true", help="skip the accuracy table")
+  parser.add_argument("--first-call-child", default=None, help=argparse.SUPPRESS)
   args = parser.parse_args()
   data_dir = os.environ.get("JAXDP_DATA_DIR")
-  name = args.dataset or ("mnist" if data_dir else "digits")
+  name = args.dataset = args.dataset or ("mnist" if data_dir else "digits")
+  if args.first_call_child is not None:
+    return _first_call_child(args)
   ds = _load(name, args.quick, data_dir)
   x, y, c = ds.x_train, ds.y_train, ds.num_classes
   tol = 1e-6
-  print(f"backend={jax.default_backend()} dataset={name} x_train={x.shape} x_test={ds.x_test.shape}")
+  print(f"backend={jax.default_backend()} dataset={name} x_train={x.shape} x_test={ds.x_test.shape}"
+        f" load_average={os.getloadavg()[0]:.1f} cpus={os.cpu_count()}")
 
-  solver = bench_solver(x, y, c, lam=1e-4, tol=tol)
-  print(f"[solver] N={solver['n']} D={solver['d']}: jaxdp {solver['jaxdp_seconds']:.2f}s "
-        f"({solver['jaxdp_iters']} it, compile {solver['jaxdp_compile_seconds']:.1f}s) vs scipy "
-        f"{solver['scipy_seconds']:.2f}s ({solver['scipy_iters']} it): scipy/jaxdp time ratio "
-        f"{solver['scipy_over_jaxdp_time']:.2f}; objective jaxdp {solver['jaxdp_objective']:.8f} "
-        f"scipy {solver['scipy_objective']:.8f} (rel diff {solver['objective_rel_diff']:.1e})")
+  solver = bench_solver(x, y, c, lam=1e-4, tol=tol, with_optax=not args.quick)
+  print(f"[solver] N={solver['n']} D={solver['d']} (density {solver['density']:.2f}): jaxdp "
+        f"{solver['jaxdp_seconds']:.2f}s ({solver['jaxdp_iters']} it, first call "
+        f"{solver['jaxdp_first_call_seconds']:.1f}s) vs scipy CSR "
+        f"{solver['scipy_csr_seconds']:.2f}s "
+        f"({solver['scipy_csr_iters']} it), scipy dense {solver['scipy_dense_seconds']:.2f}s: "
+        f"scipy-CSR/jaxdp {solver['scipy_csr_over_jaxdp_time']:.2f}, scipy-dense/jaxdp "
+        f"{solver['scipy_dense_over_jaxdp_time']:.2f}"
+        + (f", optax-lbfgs/jaxdp {solver['optax_lbfgs_over_jaxdp_time']:.2f}"
+           if "optax_lbfgs_over_jaxdp_time" in solver else "")
+        + f"; objective jaxdp {solver['jaxdp_objective']:.10f} scipy-CSR "
+        f"{solver['scipy_csr_objective']:.10f} "
+        f"(diff {solver['objective_jaxdp_minus_scipy_csr']:.1e})")
 
-  dims = 50 if args.quick else None
-  if dims and x.shape[1] > dims:
-    xr, xr_test = _pca(ds, dims)
-  else:
-    xr, xr_test = x, ds.x_test
+  first = bench_first_call(name, args.quick)
+  print(f"[first call, fresh process] no cache: first {first['no_cache_first_seconds']:.2f}s warm "
+        f"{first['no_cache_warm_seconds']:.2f}s; cache warm: first "
+        f"{first['cache_warm_first_seconds']:.2f}s warm {first['cache_warm_warm_seconds']:.2f}s "
+        f"(first - warm: {first['no_cache_first_minus_warm']:.2f}s -> "
+        f"{first['cache_warm_first_minus_warm']:.2f}s)")
+
+  # Batched private fits: MNIST-PCA-50 on N = 10,000 (quick and full alike).
+  n_b = min(10_000, x.shape[0])
+  dsb = ds if x.shape[0] == n_b else dataclasses.replace(ds, x_train=x[:n_b], y_train=y[:n_b])
+  xr, xr_test = _pca(dsb, 50) if x.shape[1] > 50 else (dsb.x_train, dsb.x_test)
+  yr = dsb.y_train
   num_fits = 100
-  batched = bench_batched(xr, y, c, lam=1e-4, tol=tol, num_fits=num_fits,
-                          num_scipy_fits=10 if args.quick else num_fits)
-  print(f"[{num_fits} loss-perturbation fits, N={batched['n']} D={batched['d']}] vmap "
-        f"{batched['batched_vmap_seconds']:.2f}s, map {batched['batched_map_seconds']:.2f}s, "
-        f"sequential jaxdp {batched['sequential_jaxdp_seconds']:.2f}s, scipy "
-        f"{batched['scipy_seconds']:.2f}s (from {batched['scipy_fits_measured']} timed fits); "
-        f"sequential/vmap {batched['sequential_over_vmap']:.2f}, "
-        f"sequential/map {batched['sequential_over_map']:.2f}, scipy/best-batched "
-        f"{batched['scipy_over_best_batched']:.2f}; max |W_jaxdp - W_scipy| "
-        f"{batched['max_abs_weight_diff_vs_scipy']:.1e}; mean iterations jaxdp "
-        f"{batched['jaxdp_mean_iters']:.0f} scipy {batched['scipy_mean_iters']:.0f}")
+  # --quick on a CPU times only batch_mode="map" (what "auto" picks there; vmap is slower on CPU).
+  modes = ("map",) if args.quick and jax.default_backend() == "cpu" else ("vmap", "map")
+  batched = bench_batched(xr, yr, c, lam=1e-4, tol=tol, num_fits=num_fits,
+                          num_scipy_fits=10 if args.quick else num_fits, modes=modes)
+  print(f"[{num_fits} loss-perturbation fits, N={batched['n']} D={batched['d']}] "
+        + ", ".join(f"{m} {batched[f'batched_{m}_seconds']:.2f}s" for m in modes) + " "
+        f"(certificate {batched['certificate_seconds_100_fits']:.2f}s), sequential jaxdp "
+        f"{batched['sequential_jaxdp_seconds']:.2f}s, scipy CSR "
+        f"{batched['scipy_csr_seconds']:.2f}s, "
+        f"dense {batched['scipy_dense_seconds']:.2f}s (from {batched['scipy_fits_measured']} timed "
+        f"fits each); scipy-CSR/best-batched {batched['scipy_csr_over_best_batched']:.2f}, "
+        f"scipy-dense/best-batched {batched['scipy_dense_over_best_batched']:.2f}; "
+        f"max |W_jaxdp - W_scipy| {batched['max_abs_weight_diff_vs_scipy']:.1e}; mean iterations "
+        f"jaxdp {batched['jaxdp_mean_iters']:.0f} scipy {batched['scipy_csr_mean_iters']:.0f}")
 
-  lambdas = (1e-4, 1e-3, 1e-2) if args.quick else (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
-  seeds = 3 if args.quick else 20
-  t0 = time.perf_counter()
-  table = accuracy_table(xr, y, xr_test, ds.y_test, c, lambdas, seeds, tol)
-  table_s = time.perf_counter() - t0
-  print(f"[accuracy, N={xr.shape[0]} D={xr.shape[1]}, {seeds} draws, {table_s:.0f}s]")
-  print("| method | epsilon | delta | lambda | test accuracy |")
-  print("| --- | --- | --- | --- | --- |")
-  for r in table:
-    print(f"| {r['method']} | {r['epsilon']:g} | {r['delta']:g} | {r['l2_reg']:g} | "
-          f"{r['accuracy_mean']:.4f} +- {r['accuracy_std']:.4f} |")
-  print(json.dumps(strict_json(dict(benchmark="linear", quick=args.quick, dataset=name,
-                        backend=jax.default_backend(), solver=solver, batched_fits=batched,
-                        accuracy_table=dict(n_train=int(xr.shape[0]), dims=int(xr.shape[1]),
-                                            num_seeds=seeds, seconds=table_s, rows=table)))))
+  table, table_s, seeds, xt_ = [], 0.0, 0, xr
+  if not args.no_accuracy:
+    lambdas = (1e-4, 1e-3, 1e-2) if args.quick else (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+    seeds = 3 if args.quick else 20
+    t0 = time.perf_counter()
+    # Quick: MNIST-PCA-50 on N = 10,000 (as before); full: every training image, raw pixels.
+    xt_, yt_, xs_ = (xr, yr, xr_test) if args.quick else (x, y, ds.x_test)
+    table = accuracy_table(xt_, yt_, xs_, ds.y_test, c, lambdas, seeds, tol)
+    table_s = time.perf_counter() - t0
+    print(f"[accuracy, N={xt_.shape[0]} D={xt_.shape[1]}, {seeds} draws, {table_s:.0f}s]")
+    print("| method | epsilon | delta | lambda | test accuracy |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in table:
+      print(f"| {r['method']} | {r['epsilon']:g} | {r['delta']:g} | {r['l2_reg']:g} | "
+            f"{r['accuracy_mean']:.4f} +- {r['accuracy_std']:.4f} |")
+  print(json.dumps(strict_json(dict(
+      benchmark="linear", quick=args.quick, dataset=name, backend=jax.default_backend(),
+      load_average=os.getloadavg()[0], solver=solver, first_call=first, batched_fits=batched,
+      accuracy_table=dict(n_train=int(xt_.shape[0]), dims=int(xt_.shape[1]), num_seeds=seeds,
+                          seconds=table_s, rows=table)))))
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import _validation
-from jaxdp.training import linear_losses
+from jaxdp.training import glm_solver, linear_losses
 from jaxdp.training.lbfgs import SolverInfo, minimize_lbfgs
 
 
@@ -163,11 +163,37 @@ def linear_objective_diff(weights, delta, x, y, *, loss="softmax", l2_reg=0.0, h
   return value
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear"))
-def _fit(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear):
+SOLVERS = ("glm", "lbfgs")
+"""``"glm"``: :func:`jaxdp.training.glm_solver.minimize_glm` (L-BFGS on the scores, two
+passes over ``X`` per iteration; the default). ``"lbfgs"``: the generic
+:func:`jaxdp.training.lbfgs.minimize_lbfgs` (optax.lbfgs + zoom line search)."""
+
+
+def _check_solver(solver: str) -> str:
+  if solver not in SOLVERS:
+    raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}.")
+  return solver
+
+
+@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear",
+                                             "solver"))
+def _fit(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear,
+         init=None, solver="glm"):
+  """Minimises ``J``; ``init`` (weights' shape) warm-starts it, default zeros.
+
+  A warm start changes only where the iterations begin: every private method
+  certifies the result it releases (:mod:`jaxdp.training.certified_solve`), so
+  any starting point, even a data-dependent one, keeps the guarantee.
+  ``solver`` picks the minimiser (:data:`SOLVERS`).
+  """
   d = x.shape[-1]
   shape = (d, num_classes) if loss == "softmax" else (d,)
-  init = jnp.zeros(shape, x.dtype)
+  init = jnp.zeros(shape, x.dtype) if init is None else jnp.asarray(init, x.dtype).reshape(shape)
+  if _check_solver(solver) == "glm":
+    w, info = glm_solver.minimize_glm(
+        x, y, loss=loss, l2_total=l2_reg + extra_l2, init=init,
+        linear_term=linear_term if has_linear else None, h=h, max_iter=max_iter, tol=tol)
+    return LinearModel(w, info)
   kw = dict(loss=loss, l2_reg=l2_reg, h=h, linear_term=linear_term if has_linear else None,
             extra_l2=extra_l2)
   fun = lambda w: linear_objective(w, x, y, **kw)
@@ -209,6 +235,7 @@ def fit_linear(
     linear_term: jax.Array | None = None,
     extra_l2: float | jax.Array = 0.0,
     normalize: bool = False,
+    solver: str = "glm",
 ) -> LinearModel:
   r"""Minimises :math:`J(\theta)` (module docstring) with jitted L-BFGS.
 
@@ -228,10 +255,12 @@ def fit_linear(
     linear_term: optional ``b`` with the weights' shape (objective perturbation).
     extra_l2: optional extra L2 coefficient (objective perturbation).
     normalize: project rows with norm > 1 onto the unit sphere instead of raising.
+    solver: ``"glm"`` (default) or ``"lbfgs"`` (see :data:`SOLVERS`).
 
   Returns:
     :class:`LinearModel`.
   """
+  _check_solver(solver)
   num_classes = _check_common(loss, num_classes, l2_reg, extra_l2, h, max_iter, tol)
   x = check_features(x, "x", normalize=normalize)
   y = check_labels(y, loss, num_classes, np.shape(x)[0])
@@ -242,7 +271,7 @@ def fit_linear(
     _validation.check_finite_array(linear_term, "linear_term")
   return _fit(jnp.asarray(x, jnp.float32), jnp.asarray(y), l2_reg, h, jnp.asarray(linear_term),
               extra_l2, tol, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter),
-              has_linear=has_linear)
+              has_linear=has_linear, solver=solver)
 
 
 def fit_linear_batched(
@@ -258,6 +287,7 @@ def fit_linear_batched(
     linear_term: jax.Array | None = None,
     extra_l2: float | jax.Array = 0.0,
     batch_mode: str = "vmap",
+    solver: str = "glm",
 ) -> LinearModel:
   """``jax.vmap(fit_linear)`` over a leading axis: ``xs (M, N, D)``, ``ys (M, N)``.
 
@@ -267,7 +297,9 @@ def fit_linear_batched(
   on the host first. Returns a :class:`LinearModel` whose leaves have leading
   axis ``M``. ``batch_mode="map"`` (or ``"auto"`` on CPU) runs the problems one
   after the other inside one compiled call (see :func:`resolve_batch_mode`).
+  ``solver`` as in :func:`fit_linear`.
   """
+  _check_solver(solver)
   num_classes = _check_common(loss, num_classes, 0.0, 0.0, h, max_iter, tol)
   xs_np = _validation.check_finite_array(xs, "xs")
   if xs_np.ndim != 3:
@@ -294,13 +326,15 @@ def fit_linear_batched(
     lin = jnp.zeros((m,), jnp.float32)
   return _fit_many(jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), l2, h, lin, ex, tol,
                    loss=loss, num_classes=int(num_classes), max_iter=int(max_iter),
-                   has_linear=has_linear, mode=resolve_batch_mode(batch_mode))
+                   has_linear=has_linear, mode=resolve_batch_mode(batch_mode), solver=solver)
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear", "mode"))
-def _fit_many(xs, ys, l2s, h, lins, exs, tol, *, loss, num_classes, max_iter, has_linear, mode):
+@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear",
+                                             "mode", "solver"))
+def _fit_many(xs, ys, l2s, h, lins, exs, tol, *, loss, num_classes, max_iter, has_linear, mode,
+              solver="glm"):
   fit = lambda x, y, l, b, e: _fit(x, y, l, h, b, e, tol, loss=loss, num_classes=num_classes,
-                                   max_iter=max_iter, has_linear=has_linear)
+                                   max_iter=max_iter, has_linear=has_linear, solver=solver)
   if mode == "vmap":
     return jax.vmap(fit)(xs, ys, l2s, lins, exs)
   return jax.lax.map(lambda t: fit(*t), (xs, ys, l2s, lins, exs))

@@ -175,3 +175,22 @@ def test_fit_linear_under_user_vmap_over_lambda():
     ref = linear.fit_linear(x, y, num_classes=3, l2_reg=float(lams[i])).weights
     np.testing.assert_allclose(w[i], ref, rtol=1e-4, atol=1e-5)
   assert float(jnp.linalg.norm(w[1])) < float(jnp.linalg.norm(w[0]))
+
+
+@pytest.mark.parametrize("solver", ["glm", "lbfgs"])
+def test_private_fit_entry_point_warm_start_and_solver(solver):
+  """linear._fit(..., init=, solver=) (used by the private methods): a start at the solution
+  stops at once; both solvers reach the same minimiser, also batched (fit_linear_batched)."""
+  x, y = _data(n=150)
+  xj, yj = jnp.asarray(x), jnp.asarray(y)
+  args = (xj, yj, 1e-2, 0.5, jnp.zeros(()), 0.0, 1e-6)
+  kw = dict(loss="softmax", num_classes=3, max_iter=500, has_linear=False, solver=solver)
+  cold = linear._fit(*args, **kw)  # pylint: disable=protected-access
+  warm = linear._fit(*args, init=cold.weights, **kw)  # pylint: disable=protected-access
+  assert bool(cold.info.converged) and bool(warm.info.converged)
+  assert int(warm.info.num_iter) <= 1 < int(cold.info.num_iter)
+  ref = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2, solver="glm").weights
+  np.testing.assert_allclose(cold.weights, ref, atol=2e-4)  # tol / lambda = 1e-4 each
+  batch = linear.fit_linear_batched(np.stack([x, x]), np.stack([y, y]), num_classes=3,
+                                    l2_reg=1e-2, solver=solver, batch_mode="map")
+  np.testing.assert_allclose(batch.weights[1], ref, atol=2e-4)
