@@ -84,7 +84,7 @@ def jax_steps(name: str, batch: int, methods=METHODS) -> dict:
   for method in methods:
     grad_fn = clipping.clipped_grad(per_example, l2_clip_norm=CLIP, batch_argnums=(1, 2),
                                     method=method)
-    dp = transforms.dpsgd(LR, noise_multiplier=SIGMA, l2_sensitivity=grad_fn.sensitivity,
+    dp = transforms.private_sgd(LR, noise_multiplier=SIGMA, l2_sensitivity=grad_fn.sensitivity,
                           expected_batch_size=float(batch), key=jax.random.key(3))
 
     @jax.jit

@@ -13,13 +13,24 @@ models are trained on the full training set in one batched call (one key per
 seed) and evaluated on the test set.
 
 Work shared between points is done once: the non-private minimiser for each
-lambda (on the fit split and on the full set) is computed once and model
-sensitivity only adds calibrated noise to it (exactly what
-:func:`jaxdp.training.output_perturbation.model_sensitivity` does per call,
-with :func:`~jaxdp.training.output_perturbation.output_perturbation_calibration`
-and :func:`~jaxdp.training.output_perturbation.perturb_weights`). Loss
-perturbation solves one perturbed problem per draw, batched over the seeds
-(``lax.map`` on CPU, ``vmap`` on accelerators) with one compile per data shape.
+lambda (on the fit split and on the full set) is computed once and certified
+within ``tol/lambda`` in float64
+(:func:`jaxdp.training.output_perturbation.certified_fit`, never refused);
+model sensitivity only adds calibrated noise to it (exactly what
+:func:`jaxdp.training.output_perturbation.model_sensitivity` does per call:
+:func:`~jaxdp.training.output_perturbation.output_perturbation_calibration`
+with ``solver_tol = tol``, ``Delta = 2K/(N lambda) + 2 tol/lambda``, and
+:func:`~jaxdp.training.output_perturbation.add_noise_float64`). Loss
+perturbation solves one perturbed problem per draw, batched over the draws
+(one compile per data shape), each started from the non-private minimiser at
+the same lambda (``warm_start``: the release is certified within
+``tol/Lambda`` of the exact perturbed minimiser whatever the start, so the
+guarantee is unchanged; :mod:`jaxdp.training.objective_perturbation`).
+
+Dataset presets (``config.presets``) fill the fields left empty (epsilon and
+lambda grids, draws, loss perturbation's tol); see the config's docstring for
+what the ``mnist`` preset reduces and why. The resolved values are what the
+point log's fingerprint and ``results.json`` record.
 
 Results go to ``<out_dir>/<name>/<dataset>/`` (``results.csv``, ``results.json``,
 ``accuracy_vs_epsilon.png``). Each finished point is appended to
@@ -32,6 +43,7 @@ done), so a resumed run gives the same numbers as an uninterrupted one.
 
 from __future__ import annotations
 
+import copy
 import math
 import pathlib
 import sys
@@ -44,17 +56,20 @@ from absl import app
 from ml_collections import config_flags
 from tqdm import tqdm
 
-import jaxdp
 from jaxdp import data as jdata
 from jaxdp import results_io
-from jaxdp.training import linear, objective_perturbation, output_perturbation
+from jaxdp.training import objective_perturbation, output_perturbation
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "accuracy_vs_epsilon.py"
 METHODS = ("non_private", "model_sensitivity", "loss_perturbation")
 # Settings that change a point's result (the grid itself -- methods, epsilons,
 # deltas -- only selects which points exist; out_dir/batch_mode change nothing).
+# Fingerprinted after the dataset presets are resolved.
 RESULT_FIELDS = ("dataset", "n_train", "pca_dims", "l2_regs", "validation_fraction", "num_seeds",
-                 "val_seeds", "max_iter", "tol", "objective_tol", "seed")
+                 "val_seeds", "max_iter", "tol", "objective_tol", "warm_start", "seed")
+# Fields that take presets[dataset] (else presets["default"]) when left at these values.
+PRESET_FIELDS = {"epsilons": (), "l2_regs": (), "num_seeds": 0, "val_seeds": 0,
+                 "objective_tol": 0.0}
 
 
 def load_data(config):
@@ -63,12 +78,25 @@ def load_data(config):
                     pca_dims=config.pca_dims or None, unit_ball="project")
 
 
+def resolve_config(config):
+  """A copy of ``config`` with the empty :data:`PRESET_FIELDS` filled from ``config.presets``."""
+  config = copy.deepcopy(config)
+  presets = config.presets.to_dict()
+  preset = dict(presets["default"], **presets.get(config.dataset, {}))
+  with config.unlocked():
+    for field, empty in PRESET_FIELDS.items():
+      value = config[field]
+      if (tuple(value) if isinstance(value, (tuple, list)) else value) == empty:
+        config[field] = type(empty)(preset[field]) if isinstance(empty, tuple) else preset[field]
+  if config.num_seeds < 1 or config.val_seeds < 1:
+    raise ValueError(f"config.num_seeds and config.val_seeds must be >= 1, got "
+                     f"{config.num_seeds}, {config.val_seeds}.")
+  return config
+
+
 def dataset_epsilons(config) -> tuple[float, ...]:
-  """``config.epsilons``, or the dataset's default grid when it is empty."""
-  if config.epsilons:
-    return tuple(float(e) for e in config.epsilons)
-  grids = config.default_epsilons.to_dict()
-  return tuple(float(e) for e in grids.get(config.dataset, grids["default"]))
+  """The epsilon grid: ``config.epsilons``, or the dataset preset's when it is empty."""
+  return tuple(float(e) for e in resolve_config(config).epsilons)
 
 
 @jax.jit
@@ -78,41 +106,60 @@ def _accuracies(weights, x, y):
 
 
 class _NonPrivateFits:
-  """Non-private minimisers, one per (split, lambda), computed on first use."""
+  """Certified non-private minimisers, one per (split, lambda), computed on first use.
+
+  Each is :func:`jaxdp.training.output_perturbation.certified_fit`: certified in
+  float64 within ``tol/lambda`` of the exact minimiser (repaired, never refused,
+  when L-BFGS stops short), the point model sensitivity adds its noise to.
+  """
 
   def __init__(self, splits, num_classes, config):
     self._splits, self._c, self._config, self._cache = splits, num_classes, config, {}
+    self.seconds = 0.0
 
-  def __call__(self, split: str, l2_reg: float) -> jax.Array:
+  def certified(self, split: str, l2_reg: float) -> np.ndarray:
+    """Float64 certified weights ``(D, C)``."""
     if (split, l2_reg) not in self._cache:
+      start = time.time()
       x, y = self._splits[split]
-      model = linear.fit_linear(x, y, num_classes=self._c, l2_reg=l2_reg,
-                                max_iter=self._config.max_iter, tol=self._config.tol)
-      # Output perturbation's guarantee needs the fit to reach tol (nothing released otherwise).
-      linear.require_converged(model.info, "non-private fit")
-      self._cache[split, l2_reg] = model.weights
+      _, cert = output_perturbation.certified_fit(
+          x, y, num_classes=self._c, l2_reg=l2_reg, max_iter=self._config.max_iter,
+          tol=self._config.tol)
+      self._cache[split, l2_reg] = cert.weights
+      self.seconds += time.time() - start
     return self._cache[split, l2_reg]
 
+  def __call__(self, split: str, l2_reg: float) -> jax.Array:
+    """Float32 certified weights ``(D, C)``."""
+    return jnp.asarray(self.certified(split, l2_reg), jnp.float32)
 
-def private_models(method, keys, split, l2_reg, eps, delta, *, splits, fits, num_classes, config):
+
+def private_models(method, keys, split, l2_reg, eps, delta, *, splits, fits, num_classes, config,
+                   timings=None):
   """``(M, D, C)`` weights of ``method`` on ``split`` (``"fit"`` or ``"full"``), one per key."""
   x, y = splits[split]
   if method == "non_private":
     return fits(split, l2_reg)[None]
   if method == "model_sensitivity":
-    # = output_perturbation.model_sensitivity(keys, x, y, ...), sharing the fit across points:
-    # Alg. 1 (delta = 0) / Alg. 3 (delta > 0), Delta = 2K/(N lambda) + 2 tol/lambda.
+    # = output_perturbation.model_sensitivity(keys, x, y, ...), sharing the certified fit across
+    # points: Alg. 1 (delta = 0) / Alg. 3 (delta > 0), Delta = 2K/(N lambda) + 2 tol/lambda.
     cal = output_perturbation.output_perturbation_calibration(
         num_examples=int(x.shape[0]), l2_reg=l2_reg, epsilon=eps, delta=delta,
         solver_tol=config.tol)
-    return output_perturbation.perturb_weights(keys, fits(split, l2_reg), cal)
+    return output_perturbation.add_noise_float64(keys, fits.certified(split, l2_reg), cal)
   if method == "loss_perturbation":
-    # Approximate Minima Perturbation: objective_tol = 0 picks the AMP default tol
-    # (output noise ~1% of the objective noise; certified in float64).
-    return objective_perturbation.loss_perturbation(
+    # Approximate Minima Perturbation, certified within objective_tol/Lambda in float64
+    # (objective_tol < 0: the AMP default, output noise ~1% of the objective noise).
+    init = fits(split, l2_reg) if config.warm_start else None
+    start = time.time()
+    w = objective_perturbation.loss_perturbation(
         keys, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
         batch_mode=config.batch_mode, max_iter=config.max_iter,
-        tol=config.objective_tol or None).weights
+        tol=config.objective_tol if config.objective_tol > 0 else None, init_weights=init).weights
+    if timings is not None:
+      timings["loss_perturbation_fits"] += time.time() - start
+      timings["loss_perturbation_count"] += int(np.shape(keys)[0])
+    return w
   raise ValueError(f"unknown method {method!r}; use one of {METHODS}.")
 
 
@@ -132,13 +179,14 @@ def grid(config) -> list[tuple[str, float, float]]:
   return points
 
 
-def run_point(point, *, splits, fits, num_classes, config, x_val, y_val, x_test, y_test):
+def run_point(point, *, splits, fits, num_classes, config, x_val, y_val, x_test, y_test,
+              timings=None):
   """One finished point: lambda chosen on the held-out split, accuracy of the final models."""
   method, eps, delta = point
   root = jax.random.fold_in(jax.random.key(config.seed), results_io.point_seed(point))
   sel_key, test_key = jax.random.split(root)
-  val_seeds = config.val_seeds or config.num_seeds
-  kw = dict(splits=splits, fits=fits, num_classes=num_classes, config=config)
+  val_seeds = config.val_seeds
+  kw = dict(splits=splits, fits=fits, num_classes=num_classes, config=config, timings=timings)
   val_scores = []
   for i, lam in enumerate(config.l2_regs):
     keys = jax.random.split(jax.random.fold_in(sel_key, i), val_seeds)
@@ -156,12 +204,9 @@ def run_point(point, *, splits, fits, num_classes, config, x_val, y_val, x_test,
 
 def main(config) -> list[dict]:
   start = time.time()
+  config = resolve_config(config)
   points = grid(config)
-  out = results_io.run_dir(config.out_dir, config.name, config.dataset, n_train=config.n_train,
-                           pca_dims=config.pca_dims)
-  log = results_io.PointLog(out / "points.jsonl",
-                            {f: config[f] for f in RESULT_FIELDS}
-                            | {"experiment": config.name, "jaxdp": jaxdp.__version__})
+  log, out = results_io.open_point_log(config, RESULT_FIELDS)
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
         f"already in {out / 'points.jsonl'}", file=sys.stderr)
@@ -180,9 +225,10 @@ def main(config) -> list[dict]:
   def finished_rows():
     return [log.get(p)[0] for p in points if p in log]
 
+  timings = dict(loss_perturbation_fits=0.0, loss_perturbation_count=0)
   for point in tqdm(todo, desc=f"{config.dataset} points"):
     row = run_point(point, splits=splits, fits=fits, num_classes=c, config=config, x_val=x_val,
-                    y_val=y_val, x_test=x_test, y_test=y_test)
+                    y_val=y_val, x_test=x_test, y_test=y_test, timings=timings)
     log.append(point, [row])
     results_io.write_csv_atomic(out / "results.csv", finished_rows())
   rows = finished_rows()
@@ -192,11 +238,16 @@ def main(config) -> list[dict]:
   meta = dict(config=config.to_dict(), dataset=repr(ds), n_train=int(len(y)),
               n_test=int(len(y_test)), num_features=int(x.shape[1]), num_classes=int(c),
               seconds_this_run=elapsed, points_computed_this_run=len(todo),
+              seconds_nonprivate_fits=fits.seconds,
+              seconds_loss_perturbation=timings["loss_perturbation_fits"],
+              loss_perturbation_fits=timings["loss_perturbation_count"],
               backend=jax.default_backend(), rows=rows)
   results_io.write_json_atomic(out / "results.json", meta)
   plot(rows, config, out / "accuracy_vs_epsilon.png")
   print(f"wrote {out}/results.csv, results.json, accuracy_vs_epsilon.png "
-        f"({len(todo)} points computed in {elapsed:.1f} s)")
+        f"({len(todo)} points computed in {elapsed:.1f} s: certified non-private fits "
+        f"{fits.seconds:.1f} s, {timings['loss_perturbation_count']} loss-perturbation fits "
+        f"{timings['loss_perturbation_fits']:.1f} s)")
   for r in rows:
     print(f"{r['method']:>18s} ε={r['epsilon']:<7g} δ={r['delta']:<7g} λ={r['l2_reg']:<7g}"
           f" acc={r['test_accuracy_mean']:.4f} ± {r['test_accuracy_std']:.4f} "

@@ -25,12 +25,13 @@ Methods (all for a total guarantee ``(eps, delta)`` on the training set):
     :class:`jaxdp.prediction.PredictionSensitivityPredictor` does for budget B
     (including its conservative float32 rounding of the scale). One change for
     correctness: Lemma 1 (``||theta(D) - theta(D')|| <= 2K/(N lambda)``) holds for
-    the exact minimiser; L-BFGS stops at ``||grad J|| <= tol``, and by
-    lambda-strong convexity ``||theta_hat - theta*|| <= tol / lambda``, so the
-    logit sensitivity of the returned weights is ``2K/(N lambda) + 2 tol/lambda``
-    (the same slack as model sensitivity's). It is passed as the Lipschitz
-    constant ``K + N tol`` (``2 (K + N tol) / (N lambda)``); non-converged fits are
-    refused.
+    the exact minimiser; the non-private fit is certified in float64 within
+    ``tol / lambda`` of it (:func:`jaxdp.training.output_perturbation.certified_fit`,
+    repaired and never refused when L-BFGS stops short), so the logit
+    sensitivity of the released float32 weights is ``2K/(N lambda) + 2 s/lambda``
+    with ``s = tol + 2^-24 (K + tol)`` (the float32 rounding), exactly
+    :meth:`jaxdp.prediction.PredictionSensitivityPredictor.from_linear_model`'s
+    ``solver_tol``.
   - subsample-and-aggregate (Sec. 3.2, App. C.2, Alg. 8): T teachers on disjoint
     parts, label drawn with ``p(y) ∝ exp(beta n_y(x))``, ``beta`` from
     :func:`jaxdp.prediction.exponential_aggregation_beta` (``eps/(2B)`` for delta =
@@ -78,7 +79,6 @@ from tqdm import tqdm
 
 from jaxdp import results_io
 from jaxdp.mechanisms import noise_scale_as
-import jaxdp
 from jaxdp import data as jdata
 from jaxdp import prediction as jpred
 from jaxdp import training as jtrain
@@ -150,22 +150,35 @@ def private_models(method, keys, x, y, num_classes, l2_reg, eps, delta, config):
 
 
 def _fit_exact(x, y, num_classes, l2_reg, config):
-  """Non-private minimiser; refuses a fit that did not reach ``||grad|| <= tol``."""
-  model = jtrain.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg,
-                            max_iter=config.max_iter, tol=config.tol)
-  if not bool(model.info.converged):
-    raise RuntimeError(
-        f"non-private fit with l2_reg={l2_reg} did not converge (grad norm "
-        f"{float(model.info.grad_norm):.3g} > tol={config.tol}); the prediction-sensitivity "
-        "bound needs it. Raise config.max_iter or config.tol.")
-  return model.weights
+  """Non-private minimiser, certified within ``tol/lambda`` in float64 (never refused).
+
+  :func:`jaxdp.training.output_perturbation.certified_fit`: when L-BFGS stops
+  short of ``||grad J|| <= tol`` the float64 polish / accelerated gradient
+  repairs the point, so the ``2 tol/lambda`` slack of prediction sensitivity's
+  calibration always holds (refusing a fit would depend on the data). Returns
+  the float32 rounding of the certified float64 weights.
+  """
+  _, cert = jtrain.output_perturbation.certified_fit(
+      x, y, num_classes=num_classes, l2_reg=l2_reg, max_iter=config.max_iter, tol=config.tol)
+  return jnp.asarray(cert.weights, jnp.float32)
+
+
+def _ps_solver_tol(config) -> float:
+  """Distance slack of the float32 certified weights, as ``PredictionSensitivityPredictor``.
+
+  ``tol`` (certified, :func:`_fit_exact`) plus ``2^-24 (K + tol)`` for rounding the
+  certified float64 point (``||theta|| <= (K + tol)/lambda``) to float32, so
+  ``Delta = 2K/(N lambda) + 2 solver_tol/lambda`` (paper 000 Lemma 1 plus strong convexity).
+  """
+  return config.tol + 2.0 ** -24 * (jpred.SOFTMAX_LIPSCHITZ + config.tol)
 
 
 def _ps_scale(eps, delta, budget, n, l2_reg, config):
   """(noise, float32 scale) of prediction sensitivity for B queries (module docstring)."""
-  lipschitz = jpred.SOFTMAX_LIPSCHITZ + n * config.tol  # Delta = 2K/(N lam) + 2 tol/lam
-  cal = jpred.calibrate_prediction_sensitivity(eps, delta, budget, n, l2_reg, lipschitz,
-                                               method=config.gaussian_method)
+  cal = jpred.calibrate_prediction_sensitivity(eps, delta, budget, n, l2_reg,
+                                               jpred.SOFTMAX_LIPSCHITZ,
+                                               method=config.gaussian_method,
+                                               solver_tol=_ps_solver_tol(config))
   scale = noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
   return cal.noise, scale
 
@@ -207,11 +220,7 @@ def main(config) -> list[dict]:
   teacher_counts = config.num_teachers
   if isinstance(teacher_counts, int):
     teacher_counts = (teacher_counts,)
-  out = results_io.run_dir(config.out_dir, config.name, config.dataset, n_train=config.n_train,
-                           pca_dims=config.pca_dims)
-  log = results_io.PointLog(out / "points.jsonl",
-                            {f: config[f] for f in RESULT_FIELDS}
-                            | {"experiment": config.name, "jaxdp": jaxdp.__version__})
+  log, out = results_io.open_point_log(config, RESULT_FIELDS)
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
         f"already in {out / 'points.jsonl'}", file=sys.stderr)

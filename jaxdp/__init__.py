@@ -5,7 +5,8 @@ Subpackages (imported on first attribute access, so ``import jaxdp`` stays cheap
 ``mechanisms`` (noise mechanisms as pure functions of a key), ``data``
 (offline datasets and preprocessing), ``training`` (private linear models,
 DP-SGD), ``models`` (Flax models), ``prediction`` (private prediction with
-enforced budgets), ``audit`` (empirical privacy auditing).
+enforced budgets), ``audit`` (empirical privacy auditing), ``classic`` (the survey's
+classic models: naive Bayes, random trees, k-means, PCA, linear regression).
 """
 
 import importlib
@@ -61,7 +62,39 @@ def _install_log_filters() -> None:
 
 _install_log_filters()
 
-_SUBPACKAGES = ("accounting", "audit", "data", "mechanisms", "models", "prediction", "training")
+
+def enable_compilation_cache(cache_dir: str | os.PathLike | None = None, *,
+                             min_compile_time_secs: float = 0.0) -> str:
+  """Turns on JAX's persistent compilation cache (opt-in; for scripts, experiments, benchmarks).
+
+  Every new process otherwise recompiles every jitted solver (seconds per shape
+  on a CPU). With the cache on, a program compiled once (by any process) is
+  loaded from disk. ``min_compile_time_secs=0`` caches small programs too.
+
+  Args:
+    cache_dir: directory of the cache; default ``$JAXDP_COMPILATION_CACHE`` or
+      ``~/.cache/jaxdp/jax_compilation_cache``.
+    min_compile_time_secs: only programs that took at least this long to compile are cached.
+
+  Returns:
+    The cache directory used.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  if float(min_compile_time_secs) < 0:
+    raise ValueError(f"min_compile_time_secs must be >= 0, got {min_compile_time_secs}.")
+  if cache_dir is None:
+    cache_dir = os.environ.get("JAXDP_COMPILATION_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "jaxdp", "jax_compilation_cache")
+  cache_dir = os.fspath(cache_dir)
+  os.makedirs(cache_dir, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", cache_dir)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", float(min_compile_time_secs))
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  return cache_dir
+
+
+_SUBPACKAGES = ("accounting", "audit", "classic", "data", "mechanisms", "models", "prediction",
+                "training")
 
 
 def __getattr__(name):

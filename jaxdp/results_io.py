@@ -13,6 +13,9 @@
 * :func:`run_dir`: ``<out_dir>/<experiment>/<dataset>[_n<N>][_pca<D>]/``, so runs on
   different datasets (or subsets / PCA variants) never overwrite each other.
 * :func:`write_csv_atomic`: the CSV of the rows so far, replaced atomically.
+* :func:`open_point_log`: the one set-up every experiment main shares: its
+  :func:`run_dir` and its :class:`PointLog`, fingerprinted by the config fields
+  that change a point's result plus the experiment name and the jaxdp version.
 """
 
 from __future__ import annotations
@@ -160,6 +163,47 @@ class PointLog:
     return rows
 
 
+def open_point_log(config: Mapping[str, Any], result_fields: Sequence[str], *,
+                   extra_settings: Mapping[str, Any] | None = None,
+                   filename: str = "points.jsonl") -> tuple[PointLog, pathlib.Path]:
+  """The :class:`PointLog` and output folder of an experiment run.
+
+  The folder is :func:`run_dir` of ``config.out_dir``, ``config.name``,
+  ``config.dataset`` (and ``config.n_train`` / ``config.pca_dims`` when the
+  config has them); the log is ``<folder>/<filename>``, fingerprinted by
+  ``{f: config[f] for f in result_fields}`` plus ``experiment = config.name``,
+  ``jaxdp = jaxdp.__version__`` and ``extra_settings``. Only the settings that
+  change a point's result belong in ``result_fields``: the grid itself selects
+  which points exist, and speed-only settings (``batch_mode``, ``out_dir``)
+  change nothing, so changing them keeps the finished points.
+
+  Args:
+    config: an ``ml_collections.ConfigDict`` (or a mapping) with at least
+      ``out_dir``, ``name``, ``dataset`` and every field in ``result_fields``.
+    result_fields: names of the config fields that determine a point's result.
+    extra_settings: more settings to fingerprint (e.g. derived values).
+    filename: the log's file name inside the folder.
+
+  Returns:
+    ``(log, out_dir)``.
+
+  Raises:
+    KeyError: a field of ``result_fields`` is missing from ``config``.
+  """
+  from jaxdp import __version__  # pylint: disable=import-outside-toplevel
+
+  get = lambda f, default=0: config[f] if f in config else default
+  out = run_dir(config["out_dir"], config["name"], config["dataset"], n_train=get("n_train"),
+                pca_dims=get("pca_dims"))
+  missing = [f for f in result_fields if f not in config]
+  if missing:
+    raise KeyError(f"result_fields not in the config: {missing}.")
+  settings = {f: config[f] for f in result_fields}
+  settings |= {"experiment": config["name"], "jaxdp": __version__}
+  settings |= dict(extra_settings or {})
+  return PointLog(out / filename, settings), out
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
   """Writes ``text`` to ``path`` atomically and durably (:func:`jaxdp._durable.write_text_atomic`)."""
   _durable.write_text_atomic(path, text)
@@ -182,5 +226,5 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
       path, json.dumps(strict_json(obj), indent=2, default=str, allow_nan=False) + "\n")
 
 
-__all__ = ["PointLog", "fingerprint", "from_strict_json", "point_seed", "run_dir", "strict_json",
-           "write_csv_atomic", "write_json_atomic", "write_text_atomic"]
+__all__ = ["PointLog", "fingerprint", "from_strict_json", "open_point_log", "point_seed", "run_dir",
+           "strict_json", "write_csv_atomic", "write_json_atomic", "write_text_atomic"]

@@ -57,3 +57,27 @@ def test_non_actionable_log_lines_are_silenced_and_others_kept(caplog):
   assert "Unable to initialize backend 'cuda': kept" in messages
   assert "some other absl warning" in messages
   assert not any("'tpu'" in m or "_compute_log_a_frac" in m for m in messages), messages
+
+
+def test_open_point_log_folder_fingerprint_and_missing_field(tmp_path):
+  ml_collections = pytest.importorskip("ml_collections")
+  config = ml_collections.ConfigDict(dict(name="exp", dataset="mnist", n_train=1000, pca_dims=0,
+                                          out_dir=str(tmp_path), seed=0, batch_mode="map"))
+  log, out = results_io.open_point_log(config, ("dataset", "seed"))
+  assert out == tmp_path / "exp" / "mnist_n1000" and log.path == out / "points.jsonl"
+  log.append(("p", 1.0), [{"acc": 0.5}])
+  # A speed-only setting (not a result field) keeps the finished points; a result field does not.
+  config.batch_mode = "vmap"
+  again, _ = results_io.open_point_log(config, ("dataset", "seed"))
+  assert again.get(("p", 1.0)) == [{"acc": 0.5}]
+  config.seed = 1
+  assert len(results_io.open_point_log(config, ("dataset", "seed"))[0]) == 0
+  # The experiment name and jaxdp version are part of the fingerprint, and so are extras.
+  config.seed = 0
+  import jaxdp  # pylint: disable=import-outside-toplevel
+  assert again.fingerprint == results_io.fingerprint(
+      {"dataset": "mnist", "seed": 0, "experiment": "exp", "jaxdp": jaxdp.__version__})
+  extra, _ = results_io.open_point_log(config, ("dataset", "seed"), extra_settings={"k": 2})
+  assert len(extra) == 0 and extra.fingerprint != again.fingerprint
+  with pytest.raises(KeyError, match="max_iter"):
+    results_io.open_point_log(config, ("dataset", "max_iter"))

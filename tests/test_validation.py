@@ -78,7 +78,7 @@ from jaxdp import mechanisms as mech  # noqa: E402
 from jaxdp.accounting import accountant as acc  # noqa: E402
 from jaxdp.accounting import analytic_gaussian as ag  # noqa: E402
 from jaxdp.accounting import composition  # noqa: E402
-from jaxdp.accounting import dpsgd as dpsgd_acc  # noqa: E402
+from jaxdp.accounting import dpsgd_accounting as dpsgd_acc  # noqa: E402
 from jaxdp.accounting import zcdp  # noqa: E402
 from jaxdp.audit import core as audit_core  # noqa: E402
 from jaxdp.errors import ArgumentTypeError  # noqa: E402

@@ -26,7 +26,7 @@ from jaxdp.accounting.composition import (
     basic_composition,
     per_query_gaussian_sigma,
 )
-from jaxdp.accounting.dpsgd import (
+from jaxdp.accounting.dpsgd_accounting import (
     calibrate_noise_multiplier,
     dpsgd_epsilon,
     dpsgd_event,

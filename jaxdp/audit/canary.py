@@ -199,7 +199,7 @@ def dpsgd_canary_audit(
       expected_batch_size, key) -> optax.GradientTransformation``; default
       :func:`jaxdp.training.dpsgd.transforms.noisy_aggregate`.
     claimed_epsilon: epsilon the accountant claims for these T steps (e.g.
-      ``jaxdp.accounting.dpsgd.dpsgd_epsilon(sigma, 1.0, T, delta)``).
+      ``jaxdp.accounting.dpsgd_accounting.dpsgd_epsilon(sigma, 1.0, T, delta)``).
     delta: the accountant's delta.
     confidence, batch_size, thresholds, progress: as in
       :func:`jaxdp.audit.audit_epsilon`.

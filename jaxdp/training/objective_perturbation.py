@@ -99,6 +99,16 @@ with ``delta > 0``, ``delta2 = f delta`` and ``Z`` is the analytic Gaussian at
 ``ComposedDpEvent([objective event, output event])`` (replace-one, as today),
 which any accountant composes as the two adaptive releases they are.
 
+Warm starts (``init_weights=``). The solver may start anywhere, including at a
+data-dependent point such as the non-private minimiser at the same ``lambda``:
+the start only changes how many iterations L-BFGS takes and the deterministic
+error ``e(b, D) = theta_hat - theta*_b``, and the proof above uses nothing about
+``e`` but ``||e(b, D)|| <= r`` on every dataset, which the float64 certificate
+guarantees whatever the start. So a warm-started release has the same
+guarantee and the same law up to ``2r``: for one key (same ``B``, same ``Z``) the
+warm and cold releases differ by at most ``||e_warm - e_cold|| <= 2r = 2 tol/Lambda``.
+(Timing, i.e. how many iterations ran, is not protected either way.)
+
 Default ``tol`` (``tol=None``): the output noise's expected norm is
 ``amp_noise_ratio`` (1%) of the expected norm of the objective noise's effect
 ``||B|| / (N Lambda)`` (:func:`amp_default_tol`), so with ``f = 0.01`` AMP costs
@@ -400,8 +410,9 @@ def objective_perturbation_amp_calibration(
 
 
 @functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter"))
-def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, loss, num_classes,
-                   max_iter):
+def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noise, loss,
+                   num_classes, max_iter):
+  """One perturbed fit: draws ``B`` from ``key`` and runs L-BFGS from ``init`` (zeros if None)."""
   n, d = x.shape
   shape = (d, num_classes) if loss == "softmax" else (d,)
   if noise == "l2_laplace":
@@ -409,15 +420,16 @@ def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, loss, n
   else:
     b = gaussian_noise(key, shape, scale, x.dtype)
   model = linear._fit(x, y, l2_reg, h, b / n, extra_l2, tol, loss=loss, num_classes=num_classes,
-                      max_iter=max_iter, has_linear=True)
+                      max_iter=max_iter, has_linear=True, init=init)
   return model, b
 
 
 @functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter", "mode"))
-def _perturbed_fit_many(keys, x, y, scale, extra_l2, l2_reg, h, tol, *, noise, loss, num_classes,
-                        max_iter, mode):
-  fit = lambda k: _perturbed_fit(k, x, y, scale, extra_l2, l2_reg, h, tol, noise=noise, loss=loss,
-                                 num_classes=num_classes, max_iter=max_iter)
+def _perturbed_fit_many(keys, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noise, loss,
+                        num_classes, max_iter, mode):
+  """:func:`_perturbed_fit` per key (one shared ``init``), ``vmap`` or ``lax.map`` (``mode``)."""
+  fit = lambda k: _perturbed_fit(k, x, y, scale, extra_l2, l2_reg, h, tol, init, noise=noise,
+                                 loss=loss, num_classes=num_classes, max_iter=max_iter)
   return jax.vmap(fit)(keys) if mode == "vmap" else jax.lax.map(fit, keys)
 
 
@@ -431,8 +443,25 @@ def _output_noise(key, shape, amp):
   return jax.vmap(draw)(key) if linear.is_key_batch(key) else draw(key)
 
 
-def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, batch_mode):
-  """Perturbed fit(s), float64 certificate/repair, then AMP output noise (module docstring)."""
+def _check_init(init_weights, shape):
+  """``init_weights`` as a float32 array of the weights' ``shape`` (None stays None)."""
+  if init_weights is None:
+    return None
+  init = _validation.check_finite_array(init_weights, "init_weights")
+  if tuple(init.shape) != tuple(shape):
+    raise ValueError(f"init_weights must have the weights' shape {tuple(shape)}, got "
+                     f"{tuple(init.shape)}.")
+  return jnp.asarray(init, jnp.float32)
+
+
+def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, batch_mode,
+         init_weights=None):
+  """Perturbed fit(s), float64 certificate/repair, then AMP output noise (module docstring).
+
+  ``init_weights`` (shared by every key) only moves where L-BFGS starts: the
+  released point is certified within ``r = tol/Lambda`` of the exact perturbed
+  minimiser whatever the start (module docstring, "Warm starts").
+  """
   # L-BFGS aims at the certificate's tol but not below the float32 floor (~1e-7);
   # the float64 polish of certified_solve takes it the rest of the way.
   lbfgs_tol = max(amp.tol, 1e-7)
@@ -445,7 +474,8 @@ def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, b
   kw = dict(noise=cal.noise, loss=loss, num_classes=int(num_classes), max_iter=int(max_iter))
   # float64 -> float32 towards more noise: sigma rounded up, the L2-Laplace beta down.
   scale = noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
-  args = (xj, yj, scale, cal.extra_l2, l2_reg, h, lbfgs_tol)
+  w_shape = (np.shape(x)[1], int(num_classes)) if loss == "softmax" else (np.shape(x)[1],)
+  args = (xj, yj, scale, cal.extra_l2, l2_reg, h, lbfgs_tol, _check_init(init_weights, w_shape))
   batched = linear.is_key_batch(key)
   if batched:
     split = jax.vmap(jax.random.split)(key)  # (M, 2): independent objective / output keys
@@ -490,6 +520,7 @@ def loss_perturbation(
     amp_fraction: float = 0.01,
     normalize: bool = False,
     batch_mode: str = "auto",
+    init_weights: Any = None,
 ) -> linear.PrivateLinearModel:
   """Multiclass loss perturbation (paper 000 Alg. 4 / Alg. 5) with Approximate Minima Perturbation.
 
@@ -505,7 +536,11 @@ def loss_perturbation(
   (``batch_mode``, see :func:`jaxdp.training.linear.resolve_batch_mode`).
   ``epsilon = inf`` returns exactly the non-private model (fitted to ``tol`` or 1e-6).
   Neighbouring relation: replace-one (default) or ``"add_remove"`` (only with
-  ``l2_reg = 0``; module docstring).
+  ``l2_reg = 0``; module docstring). ``init_weights`` (``(D, C)``, shared by all
+  keys; e.g. the non-private minimiser at the same ``l2_reg``) warm-starts
+  L-BFGS; the guarantee is unchanged because the release is certified within
+  ``tol/Lambda`` of the exact perturbed minimiser whatever the start (module
+  docstring, "Warm starts").
 
   Raises:
     ValueError: bad privacy parameters, rows outside the unit ball (see
@@ -527,7 +562,8 @@ def loss_perturbation(
       dim=int(np.shape(x)[1]), rho=rho, neighbouring=neighbouring, l2_reg=l2_reg,
       amp_fraction=amp_fraction, tol=tol)
   return _run(key, x, y, amp, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
-              max_iter=max_iter, normalize=normalize, batch_mode=batch_mode)
+              max_iter=max_iter, normalize=normalize, batch_mode=batch_mode,
+              init_weights=init_weights)
 
 
 def objective_perturbation(
@@ -545,6 +581,7 @@ def objective_perturbation(
     amp_fraction: float = 0.01,
     normalize: bool = False,
     batch_mode: str = "auto",
+    init_weights: Any = None,
 ) -> linear.PrivateLinearModel:
   """Binary objective perturbation (paper 003 Alg. 1; Chaudhuri et al. 2011) with AMP, eps-DP.
 
@@ -554,6 +591,8 @@ def objective_perturbation(
   L2-Laplace output noise of sensitivity ``2 tol/Lambda`` at ``eps2 = f eps``
   (Approximate Minima Perturbation, module docstring). ``loss`` is ``"logistic"``
   or ``"huber"`` (width ``h``). Labels in ``{0, 1}`` or ``{-1, 1}``.
+  ``init_weights`` (``(D,)``) warm-starts L-BFGS without changing the guarantee
+  (module docstring, "Warm starts").
   """
   _validation.check_key(key, allow_batch=True)
   n = int(np.shape(x)[0])
@@ -568,4 +607,5 @@ def objective_perturbation(
       epsilon=eps, num_examples=n, dim=int(np.shape(x)[1]), l2_reg=l2_reg, loss=loss, h=h,
       allow_extra_l2=allow_extra_l2, amp_fraction=amp_fraction, tol=tol)
   return _run(key, x, y, amp, loss=loss, num_classes=None, l2_reg=l2_reg, h=h,
-              max_iter=max_iter, normalize=normalize, batch_mode=batch_mode)
+              max_iter=max_iter, normalize=normalize, batch_mode=batch_mode,
+              init_weights=init_weights)

@@ -198,15 +198,55 @@ def output_perturbation(
   cal = output_perturbation_calibration(
       num_examples=n, l2_reg=l2_reg, epsilon=epsilon, delta=delta, rho=rho,
       lipschitz=linear_losses.lipschitz_constant(loss), solver_tol=tol)
-  model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, loss=loss, h=h,
+  model, cert = certified_fit(x, y, l2_reg=l2_reg, loss=loss, num_classes=num_classes, h=h,
+                              max_iter=max_iter, tol=tol, normalize=normalize)
+  return linear.PrivateLinearModel(add_noise_float64(key, cert.weights, cal), model.info,
+                                   cal.event, cal, cert)
+
+
+def certified_fit(
+    x: Any,
+    y: Any,
+    *,
+    l2_reg: float,
+    loss: str = "softmax",
+    num_classes: int | None = None,
+    h: float = 0.5,
+    max_iter: int = 500,
+    tol: float = 1e-6,
+    normalize: bool = False,
+) -> tuple[linear.LinearModel, certified_solve.CertifiedSolution]:
+  """The non-private minimiser output perturbation adds noise to, certified within ``tol/lambda``.
+
+  ``argmin (1/N) sum l + (lambda/2)||theta||^2`` by float32 L-BFGS, then
+  :func:`jaxdp.training.certified_solve.certify_minimizers` in float64: the
+  returned ``cert.weights`` (float64) satisfy ``||theta - theta*|| <= tol/lambda``
+  on every dataset (repaired by the float64 polish / accelerated gradient when
+  L-BFGS stopped short, e.g. at ``max_iter``), so never refused. Noise calibrated
+  by :func:`output_perturbation_calibration` with ``solver_tol = tol``
+  (``Delta = 2K/(N lambda) + 2 tol/lambda``) and added with
+  :func:`add_noise_float64` makes any number of releases around ONE such fit
+  exactly :func:`output_perturbation`'s mechanism (experiments share the fit
+  across epsilons and noise draws this way).
+
+  Returns:
+    ``(model, cert)``: the L-BFGS :class:`~jaxdp.training.linear.LinearModel`
+    (diagnostics only) and the :class:`~jaxdp.training.certified_solve.CertifiedSolution`.
+
+  Raises:
+    ValueError: ``l2_reg <= 0``, bad data (rows outside the unit ball, labels), a
+      ``tol`` at the float64 floor (:func:`~jaxdp.training.certified_solve.check_tol`).
+  """
+  lam = _validation.check_positive(l2_reg, "l2_reg")
+  n = int(np.shape(x)[0])
+  model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=lam, loss=loss, h=h,
                             max_iter=max_iter, tol=tol, normalize=normalize)
   x_c = linear.check_features(x, "x", normalize=normalize)
   y_c = linear.check_labels(y, loss, num_classes, n)
   certified_solve.check_tol(tol, num_examples=n, dim=int(np.size(model.weights)), loss=loss, h=h)
   cert = certified_solve.certify_minimizers(model.weights, x_c, y_c, loss=loss, h=h,
-                                            l2_total=float(l2_reg), tol=float(tol))
-  return linear.PrivateLinearModel(add_noise_float64(key, cert.weights, cal), model.info,
-                                   cal.event, cal, cert)
+                                            l2_total=lam, tol=float(tol))
+  return model, cert
 
 
 def add_noise_float64(key: jax.Array, weights64: np.ndarray,

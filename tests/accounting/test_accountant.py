@@ -11,7 +11,7 @@ from jaxdp.accounting import (
     PrivacyBudget,
     UnsupportedEventError,
     analytic_gaussian_epsilon,
-    dpsgd,
+    dpsgd_accounting,
     events,
     zcdp,
 )
@@ -55,8 +55,8 @@ def test_gaussian_pld_matches_exact_composition():
 
 def test_dpsgd_event_matches_dpsgd_epsilon():
   acc = PrivacyAccountant(REL)
-  acc.spend(dpsgd.dpsgd_event(1.1, 0.01, 500))
-  assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(dpsgd.dpsgd_epsilon(1.1, 0.01, 500, 1e-5))
+  acc.spend(dpsgd_accounting.dpsgd_event(1.1, 0.01, 500))
+  assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(dpsgd_accounting.dpsgd_epsilon(1.1, 0.01, 500, 1e-5))
 
 
 def test_exponential_mechanism_uses_bounded_range():
@@ -90,7 +90,7 @@ def test_non_private_event_is_infinite():
 
 def test_state_round_trip():
   acc = PrivacyAccountant(REL)
-  acc.spend(dpsgd.dpsgd_event(1.0, 0.01, 10))
+  acc.spend(dpsgd_accounting.dpsgd_event(1.0, 0.01, 10))
   acc.spend(events.ComposedDpEvent([events.PureDpEvent(0.1), events.ZCDpEvent(0.01)]), count=2)
   restored = PrivacyAccountant.from_state_dict(acc.state_dict())
   assert restored.ledger == acc.ledger

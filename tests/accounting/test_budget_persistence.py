@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from jaxdp.accounting import BudgetExceededError, PrivacyAccountant, PrivacyBudget, dpsgd, events
+from jaxdp.accounting import BudgetExceededError, PrivacyAccountant, PrivacyBudget, dpsgd_accounting, events
 
 REL = "replace_one"
 
@@ -120,7 +120,7 @@ def test_declared_relation_persists(tmp_path):
   assert resumed.neighbouring == "add_remove"
   with pytest.raises(ValueError, match="replace_one"):
     resumed.spend(_pure(0.1))
-  resumed.spend(dpsgd.dpsgd_event(5.0, 0.01, 10))
+  resumed.spend(dpsgd_accounting.dpsgd_event(5.0, 0.01, 10))
 
 
 def test_every_spend_is_fsynced_and_atomic(tmp_path, monkeypatch):

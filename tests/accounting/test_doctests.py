@@ -4,10 +4,10 @@ import doctest
 
 import pytest
 
-from jaxdp.accounting import accountant, analytic_gaussian, composition, dpsgd, events
+from jaxdp.accounting import accountant, analytic_gaussian, composition, dpsgd_accounting, events
 
 
-@pytest.mark.parametrize("module", [accountant, analytic_gaussian, composition, dpsgd, events])
+@pytest.mark.parametrize("module", [accountant, analytic_gaussian, composition, dpsgd_accounting, events])
 def test_doctests(module):
   result = doctest.testmod(module)
   assert result.attempted > 0

@@ -11,7 +11,7 @@ from jaxdp.accounting import (
     PrivacyAccountant,
     PrivacyBudget,
     analytic_gaussian_epsilon,
-    dpsgd,
+    dpsgd_accounting,
     events,
 )
 
@@ -29,7 +29,7 @@ def test_accountant_refuses_to_compose_two_relations():
   """DP-SGD (add/remove) then output perturbation (replace-one): refused, naming both."""
   from jaxdp.training import output_perturbation_calibration
   acc = PrivacyAccountant()
-  acc.spend(dpsgd.dpsgd_event(1.1, 0.01, 100))
+  acc.spend(dpsgd_accounting.dpsgd_event(1.1, 0.01, 100))
   assert acc.neighbouring == ADD
   cal = output_perturbation_calibration(num_examples=1000, l2_reg=0.1, epsilon=1.0)
   with pytest.raises(ValueError, match="replace_one.*add_remove"):
@@ -39,7 +39,7 @@ def test_accountant_refuses_to_compose_two_relations():
   other = PrivacyAccountant()
   other.spend(cal.event)
   with pytest.raises(ValueError, match="add_remove.*replace_one"):
-    other.spend(dpsgd.dpsgd_event(1.1, 0.01, 100))
+    other.spend(dpsgd_accounting.dpsgd_event(1.1, 0.01, 100))
 
 
 def test_budget_refuses_mixed_relations_and_spends_nothing():
@@ -91,7 +91,7 @@ def test_units_must_match():
   with pytest.raises(ValueError, match="unit"):
     party.spend(events.PureDpEvent(0.5, neighbouring=ADD))
   assert party.guarantee(0.0).unit == "party"
-  assert _tags(dpsgd.dpsgd_event(1.0, 0.1, 3, unit="party")) == {(ADD, "party")}
+  assert _tags(dpsgd_accounting.dpsgd_event(1.0, 0.1, 3, unit="party")) == {(ADD, "party")}
 
 
 def test_replace_one_ledger_refuses_subsampled_events():
@@ -117,7 +117,7 @@ def test_no_op_and_non_private_events_fit_any_ledger():
 
 def test_guarantee_and_repr_name_the_relation():
   acc = PrivacyAccountant()
-  acc.spend(dpsgd.dpsgd_event(1.1, 0.01, 100))
+  acc.spend(dpsgd_accounting.dpsgd_event(1.1, 0.01, 100))
   g = acc.guarantee(1e-5)
   assert g.epsilon == acc.get_epsilon(1e-5) and g.delta == 1e-5
   assert (g.neighbouring, g.unit, g.method) == (ADD, "example", "auto")
@@ -153,7 +153,7 @@ def test_relation_spellings():
     events.LaplaceDpEvent(2.0, neighbouring=ADD),
     events.ZCDpEvent(0.1, neighbouring=REPLACE),
     events.ExponentialMechanismDpEvent(0.2, 2.0, neighbouring=REPLACE),
-    dpsgd.dpsgd_event(1.0, 0.1, 7),
+    dpsgd_accounting.dpsgd_event(1.0, 0.1, 7),
 ])
 def test_tags_round_trip(event, tmp_path):
   assert events.event_from_dict(events.event_to_dict(event)) == event
@@ -200,7 +200,7 @@ def test_library_events_carry_their_relation():
   add = {(ADD, "example")}
   rep = {(REPLACE, "example")}
   # DP-SGD with Poisson sampling: add/remove.
-  assert _tags(dpsgd.dpsgd_event(1.0, 0.01, 10)) == add
+  assert _tags(dpsgd_accounting.dpsgd_event(1.0, 0.01, 10)) == add
   # ERM methods (paper 000 Lemma 1 / paper 003): replace-one.
   for kwargs in ({"epsilon": 1.0}, {"epsilon": 1.0, "delta": 1e-5}, {"rho": 0.1}):
     cal = output_perturbation_calibration(num_examples=100, l2_reg=0.1, **kwargs)

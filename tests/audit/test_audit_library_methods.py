@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxdp import audit
-from jaxdp.accounting import dpsgd as dpsgd_accounting
+from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.prediction import pate
 from jaxdp.prediction import prediction_sensitivity as ps
 from jaxdp.prediction import subsample_aggregate as sa

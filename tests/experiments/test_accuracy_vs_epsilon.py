@@ -106,3 +106,57 @@ def test_runs_from_another_directory_without_backend_noise(tmp_path):
   assert [r["method"] for r in _csv(out / "results.csv")] == ["non_private", "model_sensitivity"]
   assert (out / "accuracy_vs_epsilon.png").stat().st_size > 10_000
   assert "Unable to initialize backend 'tpu'" not in proc.stderr + proc.stdout
+
+
+def test_dataset_presets_fill_only_empty_fields():
+  pytest.importorskip("ml_collections")
+  experiment = _load("experiments/accuracy_vs_epsilon.py")
+  config = _load("configs/accuracy_vs_epsilon.py").get_config()
+  config.dataset = "mnist"
+  resolved = experiment.resolve_config(config)
+  mnist = config.presets.mnist
+  assert resolved.epsilons == tuple(mnist.epsilons) and resolved.l2_regs == tuple(mnist.l2_regs)
+  assert resolved.num_seeds == mnist.num_seeds >= 10 and resolved.val_seeds == mnist.val_seeds
+  assert resolved.objective_tol == mnist.objective_tol > 0
+  assert config.epsilons == () and config.num_seeds == 0  # the caller's config is untouched
+  config.num_seeds, config.l2_regs = 100, (0.1,)  # given values win over the preset
+  resolved = experiment.resolve_config(config)
+  assert resolved.num_seeds == 100 and resolved.l2_regs == (0.1,)
+  assert experiment.dataset_epsilons(config) == tuple(mnist.epsilons)
+  config.dataset = "digits"
+  resolved = experiment.resolve_config(config)
+  assert resolved.epsilons == tuple(config.presets.default.epsilons)
+  assert resolved.objective_tol < 0  # the AMP default tol
+  config.val_seeds = -2
+  with pytest.raises(ValueError, match="val_seeds"):
+    experiment.resolve_config(config)
+
+
+def test_shared_model_sensitivity_fit_is_certified_even_when_capped():
+  """The non-private fit shared by model sensitivity across points is certified within tol/lambda
+  (float64 gradient recomputed here) even at max_iter=1 (never refused), and model sensitivity
+  adds noise calibrated to 2K/(N lambda) + 2 tol/lambda around exactly that point."""
+  pytest.importorskip("ml_collections")
+  from jaxdp.training import certified_solve, output_perturbation  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  experiment = _load("experiments/accuracy_vs_epsilon.py")
+  config = experiment.resolve_config(_tiny_config("unused"))
+  config.max_iter = 1
+  ds = experiment.load_data(config)
+  x, y = np.asarray(ds.x_train), np.asarray(ds.y_train)
+  fits = experiment._NonPrivateFits({"full": (x, y)}, ds.num_classes, config)  # pylint: disable=protected-access
+  lam = 1e-2
+  w = fits.certified("full", lam)
+  _, g = certified_solve.objective_and_grad(w, x.astype(np.float64), y, loss="softmax", h=0.5,
+                                            l2_total=lam)
+  assert np.linalg.norm(g) <= config.tol
+  keys = jax.random.split(jax.random.key(0), 2)
+  got = experiment.private_models("model_sensitivity", keys, "full", lam, 3.0, 0.0,
+                                  splits={"full": (x, y)}, fits=fits,
+                                  num_classes=ds.num_classes, config=config)
+  cal = output_perturbation.output_perturbation_calibration(
+      num_examples=len(y), l2_reg=lam, epsilon=3.0, solver_tol=config.tol)
+  assert cal.sensitivity == pytest.approx(2 * np.sqrt(2) / (len(y) * lam) + 2 * config.tol / lam)
+  np.testing.assert_array_equal(np.asarray(got),
+                                np.asarray(output_perturbation.add_noise_float64(keys, w, cal)))

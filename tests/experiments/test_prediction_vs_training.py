@@ -89,13 +89,17 @@ def test_prediction_vs_training_writes_results(tmp_path):
       if delta == 0.0:
         assert beta == EPS / (2 * b)  # corrected Thm. 7
       r = by["prediction_sensitivity", delta, b]
-      lipschitz = jpred.SOFTMAX_LIPSCHITZ + 400 * config.tol  # solver slack 2 tol / lambda
-      cal = jpred.calibrate_prediction_sensitivity(EPS, delta, b, 400, r["l2_reg"], lipschitz)
+      # Certified fit: slack tol + 2^-24 (K + tol) (float32 rounding), as the predictor's.
+      k = jpred.SOFTMAX_LIPSCHITZ
+      slack = config.tol + 2.0 ** -24 * (k + config.tol)
+      cal = jpred.calibrate_prediction_sensitivity(EPS, delta, b, 400, r["l2_reg"], k,
+                                                   solver_tol=slack)
       assert cal.noise == ("l2_laplace" if delta == 0.0 else "gaussian")
       assert r["noise_scale"] == pytest.approx(cal.scale, rel=1e-6)
-      if delta == 0.0:  # beta = N lambda eps / (2 K' B), rounded down
+      if delta == 0.0:  # beta = eps / (B Delta), Delta = 2K/(N lambda) + 2 slack/lambda, rounded down
         assert r["noise_scale"] <= cal.scale
-        assert cal.scale == pytest.approx(400 * r["l2_reg"] * EPS / (2 * lipschitz * b), rel=1e-12)
+        sens = 2 * k / (400 * r["l2_reg"]) + 2 * slack / r["l2_reg"]
+        assert cal.scale == pytest.approx(EPS / (b * sens), rel=1e-12)
       else:  # sigma rounded up
         assert r["noise_scale"] >= cal.scale
   assert all(math.isfinite(r["noise_scale"]) for r in rows)

@@ -202,9 +202,95 @@ def test_exponential_from_bits_support_reaches_46_ln2():
   expected = -np.log(np.array([1.0, 2.0, 2.0**23, 2.0**46]) * 2.0**-46)
   np.testing.assert_allclose(e, expected, rtol=1e-6, atol=1e-7)
   assert e[0] == pytest.approx(46 * math.log(2), rel=1e-6)  # |Lap| up to 31.9 scale units
-  assert math.sqrt(2 * e[0]) > 7.98  # Box-Muller radius: |N(0,1)| up to 7.99
-  # jax.random.laplace / normal stop at ~16.6 and ~5.42 in float32
-  assert e[0] > 16.6 + 15 and math.sqrt(2 * e[0]) > 5.42 + 2.5
+  # jax.random.laplace stops at ~16.6 in float32
+  assert e[0] > 16.6 + 15
+
+
+def _tail_words(seed: int, n: int) -> tuple[jax.Array, jax.Array]:
+  """Random word pairs conditioned on the top 23 bits of word 0 being zero (U <= 2^-23)."""
+  w = jax.random.bits(jax.random.key(seed), (2, n), jnp.uint32)
+  return w[0] & jnp.uint32(511), w[1]
+
+
+def test_normal_radius_uniform_support_reaches_41_ln2():
+  from jaxdp.mechanisms import _sampling
+  # U = (hi + (mid + 1) 2^-18) 2^-23 with hi = word0 >> 9, mid = (word0 & 511) << 9 | (word1 & 511)
+  w0 = jnp.array([0, 0, 1, 511, (1 << 9), 0xFFFFFFFF], jnp.uint32)
+  w1 = jnp.array([0, 1, 0, 511, 0, 0xFFFFFFFF], jnp.uint32)
+  u = np.asarray(_sampling.radius_uniform_from_bits(w0, w1, jnp.float32), np.float64)
+  expected = np.array([1, 2, 2**9 + 1, 2**18, 2**18 + 1, 2**41], np.float64) * 2.0**-41
+  np.testing.assert_allclose(u, expected, rtol=2**-23)
+  np.testing.assert_array_equal(u[:4], expected[:4])  # exact in the tail (hi = 0)
+  z_cos, _ = _sampling.normal_pairs_from_bits(jnp.zeros(1, jnp.uint32), jnp.zeros(1, jnp.uint32),
+                                              jnp.float32)
+  # the largest Box-Muller radius, at the smallest angle (pi 2^-23): sqrt(2 * 41 ln 2) = 7.539,
+  # beyond jax.random.normal's float32 bound of ~5.42
+  assert float(z_cos[0]) == pytest.approx(math.sqrt(82 * math.log(2)), rel=1e-6)
+  assert float(z_cos[0]) > 7.5
+
+
+def test_normal_tail_law_beyond_jax_random_normal_bound():
+  """Conditioned on U <= 2^-23 (radius >= 5.65 > 5.42): R^2/2 - 23 ln 2 ~ Exp(1), reaching R > 7.
+
+  Feeds the exact transform of ``gaussian_noise`` with random words whose top 23
+  bits are zero, i.e. samples the sampler's own tail region, which a truncated
+  sampler (``jax.random.normal`` stops at 5.42) or one that drops the low
+  bits of ``U`` would not reproduce.
+  """
+  from jaxdp.mechanisms import _sampling
+  n = 100_000
+  w0, w1 = _tail_words(40, n)
+  z_cos, z_sin = _sampling.normal_pairs_from_bits(w0, w1, jnp.float32)
+  r2 = np.asarray(z_cos, np.float64) ** 2 + np.asarray(z_sin, np.float64) ** 2
+  excess = r2 / 2 - 23 * math.log(2)
+  assert excess.min() >= -1e-4
+  # the law is Exp(1) truncated at 18 ln 2 (mass 4e-6 beyond), on a 2^-18 grid
+  assert stats.kstest(excess, stats.expon().cdf).pvalue > P_FLOOR
+  assert stats.kstest(excess, stats.expon(scale=1.05).cdf).pvalue < P_FLOOR
+  # P(R > 7 | U <= 2^-23) = exp(-(24.5 - 23 ln 2)) = 1.9e-4: ~19 hits expected, P(none) = e^-19
+  p = math.exp(-(24.5 - 23 * math.log(2)))
+  hits = np.sqrt(r2) > 7.0
+  assert hits.any()
+  _assert_prob(hits, p)
+  # and the angle stays uniform in the tail: cos^2 ~ Beta(1/2, 1/2) (arcsine law)
+  c2 = np.asarray(z_cos, np.float64) ** 2 / r2
+  assert stats.kstest(c2, stats.beta(0.5, 0.5).cdf).pvalue > P_FLOOR
+
+
+def test_cos_sin_from_bits_accuracy_and_uniform_angle():
+  from jaxdp.mechanisms import _sampling
+  a = jnp.arange(0, 1 << 23, 3, dtype=jnp.uint32)
+  f = jax.jit(lambda w: _sampling.cos_sin_from_bits(w, jnp.float32))
+  c, s = f(a << 9)
+  angle = (np.asarray(a, np.float64) + 0.5) * (2 * np.pi * 2.0**-23)
+  assert np.max(np.abs(np.asarray(c, np.float64) - np.cos(angle))) < 2e-7
+  assert np.max(np.abs(np.asarray(s, np.float64) - np.sin(angle))) < 2e-7
+  # never exactly 0 (the grid is offset by half a step from the multiples of pi/2)
+  quarter = jnp.array([0, 1 << 21, 2 << 21, 3 << 21, (1 << 23) - 1], jnp.uint32)
+  cq, sq = f(quarter << 9)
+  assert np.all(np.asarray(cq) != 0) and np.all(np.asarray(sq) != 0)
+  # the low 9 bits (used by the radius) do not move the angle
+  c2, s2 = f((a << 9) | jnp.uint32(511))
+  np.testing.assert_array_equal(np.asarray(c2), np.asarray(c))
+  np.testing.assert_array_equal(np.asarray(s2), np.asarray(s))
+
+
+def test_gaussian_tail_frequencies_and_layout():
+  n = 2_000_000
+  x = np.asarray(mech.gaussian_noise(jax.random.key(41), (n,), 1.0))
+  for t in (3.0, 3.5, 4.0):  # ~5400, 930, 127 expected exceedances
+    _assert_prob(np.abs(x) > t, 2 * stats.norm.sf(t))
+  # one word per output: cosine half then sine half along the first even axis;
+  # odd sizes: (2, ceil(n/2)) words, flat cosine half then the first sines
+  from jaxdp.mechanisms import _sampling
+  key = jax.random.key(42)
+  zc, zs = _sampling.normal_pairs_from_bits(*_sampling.threefry_word_pairs(key, (4,)), jnp.float32)
+  np.testing.assert_allclose(np.asarray(mech.gaussian_noise(key, (7,), 1.0)),
+                             np.concatenate([np.asarray(zc), np.asarray(zs)[:3]]), rtol=1e-6)
+  zc, zs = _sampling.normal_pairs_from_bits(*_sampling.threefry_word_pairs(key, (3, 2, 5)),
+                                            jnp.float32)
+  np.testing.assert_allclose(np.asarray(mech.gaussian_noise(key, (3, 4, 5), 1.0)),
+                             np.concatenate([np.asarray(zc), np.asarray(zs)], axis=1), rtol=1e-6)
 
 
 def test_box_muller_fourth_moment_and_pair_independence():
@@ -226,3 +312,47 @@ def test_laplace_sign_is_independent_of_magnitude():
   pos, neg = np.abs(x[x > 0]), np.abs(x[x < 0])
   _assert_prob(x > 0, 0.5)
   assert stats.ks_2samp(pos, neg).pvalue > P_FLOOR
+
+
+def test_threefry_word_pairs_are_uniform_independent_and_keyed():
+  """Both output words of each Threefry block: uniform bytes, uncorrelated, one stream per key."""
+  from jaxdp.mechanisms import _sampling
+  n = 200_000
+  w0, w1 = _sampling.threefry_word_pairs(jax.random.key(50), (n,))
+  w0, w1 = np.asarray(w0), np.asarray(w1)
+  assert w0.dtype == np.uint32 and w0.shape == (n,)
+  for w in (w0, w1):
+    for shift in (0, 8, 16, 24):  # every byte uniform on 256 values
+      counts = np.bincount((w >> shift) & 255, minlength=256)
+      assert stats.chisquare(counts).pvalue > P_FLOOR
+  # the two words of a block are independent: their top bytes' joint table is uniform
+  joint = np.bincount(((w0 >> 28) << 4) | (w1 >> 28), minlength=256)
+  assert stats.chisquare(joint).pvalue > P_FLOOR
+  u0, u1 = w0 / 2.0**32 - 0.5, w1 / 2.0**32 - 0.5
+  assert abs(np.mean(u0 * u1)) < Z_TOL / 12 / math.sqrt(n)
+  # deterministic per key, different keys differ, odd sizes and legacy keys work
+  a0, _ = _sampling.threefry_word_pairs(jax.random.key(50), (n,))
+  np.testing.assert_array_equal(np.asarray(a0), w0)
+  b0, _ = _sampling.threefry_word_pairs(jax.random.key(51), (n,))
+  assert np.mean(np.asarray(b0) == w0) < 1e-3
+  odd0, odd1 = _sampling.threefry_word_pairs(jax.random.PRNGKey(3), (3, 5))
+  assert odd0.shape == odd1.shape == (3, 5)
+  # another PRNG implementation falls back to jax.random.bits
+  r0, r1 = _sampling.threefry_word_pairs(jax.random.key(0, impl="rbg"), (6,))
+  assert r0.shape == r1.shape == (6,)
+  # vmap over keys equals the loop over keys
+  keys = _keys(52, 3)
+  batched = jax.vmap(lambda k: _sampling.threefry_word_pairs(k, (8,))[1])(keys)
+  looped = np.stack([np.asarray(_sampling.threefry_word_pairs(k, (8,))[1]) for k in keys])
+  np.testing.assert_array_equal(np.asarray(batched), looped)
+
+
+def test_one_dimensional_l2_laplace_never_nan():
+  """Regression: a 1-D direction g/|g| was 0/0 = NaN when the Box-Muller angle hit a multiple of
+  pi/2 exactly (probability 2^-22 per draw; key 7's second half, draw 194599 of 200,000)."""
+  _, k2 = jax.random.split(jax.random.key(7))
+  keys = jax.random.split(k2, 200_000)
+  d = np.asarray(jax.jit(jax.vmap(lambda k: mech.uniform_direction(k, (1,))))(keys))[:, 0]
+  assert np.all(np.abs(d) == 1.0)
+  assert np.isfinite(d[194_599])
+  _assert_prob(d > 0, 0.5)

@@ -72,3 +72,39 @@ def test_cnn_accepts_mnist_layouts(shape):
   m = models.SmallCNN()
   v = jax.eval_shape(m.init, jax.random.key(0), jnp.zeros(shape))
   assert jax.eval_shape(m.apply, v, jnp.zeros(shape)).shape == (2, 10)
+
+
+@pytest.mark.parametrize("window", [(2, 2), (3, 2)])
+def test_max_pool_stride1_equals_nn_max_pool(window):
+  """Values and (tie-free) gradients of the slice-based pool equal nn.max_pool's."""
+  import flax.linen as nn
+  from jaxdp.models.cnn import max_pool_stride1
+  x = jax.random.normal(jax.random.key(0), (3, 9, 8, 4))  # continuous: no ties
+  ref = lambda v: nn.max_pool(v, window, strides=(1, 1))
+  ours = lambda v: max_pool_stride1(v, window)
+  np.testing.assert_array_equal(np.asarray(ours(x)), np.asarray(ref(x)))
+  ct = jax.random.normal(jax.random.key(1), ref(x).shape)
+  g_ref = jax.vjp(ref, x)[1](ct)[0]
+  g_ours = jax.vjp(ours, x)[1](ct)[0]
+  np.testing.assert_allclose(np.asarray(g_ours), np.asarray(g_ref), rtol=1e-6, atol=1e-6)
+
+
+def test_small_cnn_matches_the_reduce_window_definition():
+  """SmallCNN's output equals the same network written with nn.max_pool (same params)."""
+  import flax.linen as nn
+
+  class Reference(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      x = x.reshape((x.shape[0], 28, 28, 1))
+      x = nn.max_pool(nn.relu(nn.Conv(16, (8, 8), strides=(2, 2), padding=((3, 3), (3, 3)),
+                                      name="Conv_0")(x)), (2, 2), strides=(1, 1))
+      x = nn.max_pool(nn.relu(nn.Conv(32, (4, 4), strides=(2, 2), padding="VALID", name="Conv_1")(x)),
+                      (2, 2), strides=(1, 1))
+      x = nn.relu(nn.Dense(32, name="Dense_0")(x.reshape((x.shape[0], -1))))
+      return nn.Dense(10, name="Dense_1")(x)
+
+  x = jax.random.normal(jax.random.key(0), (4, 784))
+  params = models.SmallCNN().init(jax.random.key(1), x)
+  np.testing.assert_allclose(np.asarray(models.SmallCNN().apply(params, x)),
+                             np.asarray(Reference().apply(params, x)), rtol=1e-5, atol=1e-6)

@@ -216,25 +216,47 @@ def test_vmapped_equals_loop_and_key_determinism():
 
 
 def _scipy_minimizer(x, y, loss, lam, lin, shape, h=0.5):
-  """High-precision float64 minimiser of the (perturbed) objective (scipy L-BFGS-B, tiny gtol)."""
+  """High-precision float64 minimiser of the (perturbed) objective: scipy L-BFGS-B, then Newton
+  steps with a central-difference Hessian of the analytic float64 gradient (L-BFGS-B alone can
+  stall near 1e-8 on a line-search failure; Newton with a 1e-6-accurate Hessian contracts the
+  gradient by ~1e-6 per step)."""
   from scipy import optimize  # pylint: disable=import-outside-toplevel
+  x64 = x.astype(np.float64)
+  grad = lambda v: certified_solve.objective_and_grad(
+      v.reshape(shape), x64, y, loss=loss, h=h, l2_total=lam, linear_term=lin)[1].reshape(-1)
   fun = lambda v: (lambda fg: (fg[0], fg[1].reshape(-1)))(certified_solve.objective_and_grad(
-      v.reshape(shape), x.astype(np.float64), y, loss=loss, h=h, l2_total=lam, linear_term=lin))
-  res = optimize.minimize(fun, np.zeros(int(np.prod(shape))), jac=True, method="L-BFGS-B",
-                          options=dict(maxiter=5000, gtol=1e-13, ftol=0.0))
-  w = res.x.reshape(shape)
-  assert np.linalg.norm(certified_solve.objective_and_grad(
-      w, x.astype(np.float64), y, loss=loss, h=h, l2_total=lam, linear_term=lin)[1]) < 1e-10
-  return w
+      v.reshape(shape), x64, y, loss=loss, h=h, l2_total=lam, linear_term=lin))
+  v = optimize.minimize(fun, np.zeros(int(np.prod(shape))), jac=True, method="L-BFGS-B",
+                        options=dict(maxiter=5000, gtol=1e-13, ftol=0.0)).x
+  eye, step = np.eye(v.size), 1e-5
+  for _ in range(4):
+    hess = np.stack([(grad(v + step * e) - grad(v - step * e)) / (2 * step) for e in eye], axis=1)
+    v = v - np.linalg.solve(0.5 * (hess + hess.T), grad(v))
+  assert np.linalg.norm(grad(v)) < 1e-10
+  return v.reshape(shape)
 
 
 def _drawn_objective_noise(key, shape, cal):
-  """The B that _run draws (first half of the key split), reproduced for the reference solve."""
+  """The B that _run draws (first half of the key split), reproduced outside the fit's jit."""
   from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
   from jaxdp.mechanisms.l2_laplace import l2_laplace_noise  # pylint: disable=import-outside-toplevel
   k_obj, _ = jax.random.split(key)
   scale = noise_scale_as(cal.objective.scale, jnp.float32, round_up=False)
   return np.asarray(l2_laplace_noise(k_obj, shape, scale, jnp.float32), np.float64)
+
+
+def _fitted_objective_noise(key, x, y, cal, *, loss, num_classes, l2_reg, h=0.5):
+  """The B that _run drew, bit for bit: the same jitted _perturbed_fit (one iteration) on the
+  same key. B drawn outside that jit can differ from the fused in-jit draw by float32 rounding,
+  which matters at the ~1e-8 scale of these certificates."""
+  from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
+  k_obj, _ = jax.random.split(key)
+  scale = noise_scale_as(cal.objective.scale, jnp.float32, round_up=False)
+  _, b = obp._perturbed_fit(  # pylint: disable=protected-access
+      k_obj, jnp.asarray(x, jnp.float32), jnp.asarray(y), scale, cal.objective.extra_l2, l2_reg, h,
+      max(cal.tol, 1e-7), None, noise="l2_laplace", loss=loss, num_classes=num_classes,
+      max_iter=1)
+  return np.asarray(b, np.float64)
 
 
 @pytest.mark.parametrize("method", ["loss", "binary"])
@@ -252,13 +274,74 @@ def test_capped_fit_is_released_within_the_certified_radius(method):
     shape, loss = (3,), "logistic"
   cal, cert = res.calibration, res.certificate
   assert int(cert.route) > 0  # L-BFGS alone was not certified: a repair route was used
-  b = _drawn_objective_noise(key, shape, cal)
+  b = _fitted_objective_noise(key, x, y, cal, loss=loss, num_classes=3 if method == "loss" else 2,
+                              l2_reg=0.01 if method == "loss" else 0.05)
   lam = cal.strong_convexity
-  w_star = _scipy_minimizer(x, y, loss, lam, b / x.shape[0], shape)
+  # The fit sees x after linear.check_features (rows a hair outside the unit ball are pulled
+  # inside): the exact minimiser is the one of that data.
+  w_star = _scipy_minimizer(linear.check_features(x), y, loss, lam, b / x.shape[0], shape)
   err = np.linalg.norm(cert.weights - w_star)
   assert err <= cert.distance <= cal.radius == pytest.approx(cal.tol / lam)
   # The released weights are the certified point plus the AMP output noise (float32 rounding).
   assert np.linalg.norm(np.asarray(res.weights, np.float64) - cert.weights) > 0
+
+
+def test_warm_start_keeps_the_released_law():
+  """init_weights (the non-private minimiser, or a far-away point) only moves where L-BFGS starts:
+  same calibration and certified radius, the same B and Z for the same key, and the release
+  equals the cold-start release to within 2 tol/Lambda (both certified points are within
+  tol/Lambda of the same exact minimiser; the exact scipy minimiser checks each)."""
+  x, y = _data(c=3)
+  keys = jax.random.split(jax.random.key(11), 3)
+  kw = dict(num_classes=3, epsilon=1.0, l2_reg=0.01, tol=1e-6)
+  cold = obp.loss_perturbation(keys, x, y, **kw)
+  w_np = linear.fit_linear(x, y, num_classes=3, l2_reg=0.01).weights
+  for init in (w_np, np.full((3, 3), 5.0, np.float32)):
+    warm = obp.loss_perturbation(keys, x, y, init_weights=init, **kw)
+    assert warm.calibration == cold.calibration and warm.event == cold.event
+    r = cold.calibration.radius
+    assert warm.certificate.radius == cold.certificate.radius == r == pytest.approx(
+        1e-6 / cold.calibration.strong_convexity)
+    assert np.all(warm.certificate.distance <= r) and np.all(cold.certificate.distance <= r)
+    gap = np.linalg.norm((warm.certificate.weights - cold.certificate.weights).reshape(3, -1), axis=1)
+    assert np.all(gap <= 2 * r)
+    # Same key: same output noise Z, so the releases differ only by the certified points
+    # (plus float32 rounding of the releases).
+    rel = np.linalg.norm((np.asarray(warm.weights, np.float64)
+                          - np.asarray(cold.weights, np.float64)).reshape(3, -1), axis=1)
+    scale = np.linalg.norm(np.asarray(cold.weights, np.float64).reshape(3, -1), axis=1)
+    assert np.all(rel <= 2 * r + 4 * 2.0 ** -24 * scale)
+  # The warm start saves iterations (the point of it); start at the minimiser itself.
+  at_min = obp.loss_perturbation(keys, x, y, init_weights=cold.certificate.weights[0], **kw)
+  assert int(at_min.info.num_iter[0]) <= int(cold.info.num_iter[0])
+  # Near-exact reference for one draw: both within their certified distance of it.
+  b = _drawn_objective_noise(keys[0], (3, 3), cold.calibration)
+  lam = cold.calibration.strong_convexity
+  ref = certified_solve.certify_minimizers(  # within 1e-10/Lambda of the exact minimiser
+      cold.certificate.weights[0], x, y, loss="softmax", h=0.5, l2_total=lam, tol=1e-10,
+      linear_term=b / x.shape[0])
+  for res in (cold, warm):
+    err = np.linalg.norm(res.certificate.weights[0] - ref.weights)
+    assert err <= res.certificate.distance[0] + ref.distance <= r + 1e-10 / lam
+
+
+def test_warm_start_validation():
+  x, y = _data(c=3)
+  kw = dict(num_classes=3, epsilon=1.0, l2_reg=0.01)
+  with pytest.raises(ValueError, match="init_weights"):
+    obp.loss_perturbation(jax.random.key(0), x, y, init_weights=np.zeros((3, 2)), **kw)
+  with pytest.raises(ValueError, match="init_weights"):
+    obp.loss_perturbation(jax.random.key(0), x, y, init_weights=np.full((3, 3), np.nan), **kw)
+  xb, yb = _data(c=2)
+  with pytest.raises(ValueError, match="init_weights"):
+    obp.objective_perturbation(jax.random.key(0), xb, yb, epsilon=1.0, l2_reg=0.05,
+                               init_weights=np.zeros((3, 2)))
+  # Binary objective perturbation warm-starts too (same calibration, certified within r).
+  cold = obp.objective_perturbation(jax.random.key(1), xb, yb, epsilon=1.0, l2_reg=0.05, tol=1e-6)
+  warm = obp.objective_perturbation(jax.random.key(1), xb, yb, epsilon=1.0, l2_reg=0.05, tol=1e-6,
+                                    init_weights=np.ones(3, np.float32))
+  r = cold.calibration.radius
+  assert np.linalg.norm(warm.certificate.weights - cold.certificate.weights) <= 2 * r
 
 
 def test_accelerated_gradient_fallback_certifies_from_any_start():

@@ -169,3 +169,22 @@ def test_capped_fit_is_released_within_the_certified_radius():
                           options=dict(maxiter=5000, gtol=1e-13, ftol=0.0)).x.reshape(5, 3)
   assert np.linalg.norm(cert.weights - ref) <= cert.distance <= tol / lam
   assert res.calibration.sensitivity == pytest.approx(2 * math.sqrt(2) / (200 * lam) + 2 * tol / lam)
+
+
+def test_certified_fit_capped_at_one_iteration_is_certified_not_refused():
+  """The shared non-private fit of experiments (model sensitivity, prediction sensitivity):
+  capped at max_iter=1 it is repaired and certified within tol/lambda (float64 gradient norm
+  recomputed here), never refused; model_sensitivity releases around the same point."""
+  from jaxdp.training import certified_solve  # pylint: disable=import-outside-toplevel
+  x, y = _data()
+  lam, tol = 0.05, 1e-6
+  model, cert = op.certified_fit(x, y, num_classes=3, l2_reg=lam, max_iter=1, tol=tol)
+  assert not bool(model.info.converged) and int(cert.route) > 0
+  _, g = certified_solve.objective_and_grad(cert.weights, x.astype(np.float64), y, loss="softmax",
+                                            h=0.5, l2_total=lam)
+  assert np.linalg.norm(g) <= cert.grad_norm <= tol and cert.distance <= cert.radius == tol / lam
+  res = op.model_sensitivity(jax.random.key(3), x, y, num_classes=3, l2_reg=lam, epsilon=1.0,
+                             max_iter=1, tol=tol)
+  np.testing.assert_array_equal(res.certificate.weights, cert.weights)
+  with pytest.raises(ValueError, match="l2_reg"):
+    op.certified_fit(x, y, num_classes=3, l2_reg=0.0)

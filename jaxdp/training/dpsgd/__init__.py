@@ -1,10 +1,11 @@
 """DP-SGD for Flax models (paper 000 Section 3.1 Equation 4; survey 004 Section 4.2 Algorithm 1).
 
 * :func:`clipped_grad` -- sum of per-example clipped gradients (vmap), with ``.sensitivity``;
-* :func:`noisy_aggregate` / :func:`dpsgd` / :func:`dp_optimizer` -- optax transforms adding
+* :func:`noisy_aggregate` / :func:`private_sgd` / :func:`dp_optimizer` -- optax transforms adding
   ``N(0, (sigma S)^2)`` to the SUM and dividing by the expected batch size ``q N``;
 * :class:`PoissonSampler` -- Poisson sampling with static padded chunks and honest overflow;
 * :func:`train_dpsgd` -- calibrate, train, account (linen or nnx models);
+* :func:`make_private` -- the same pieces wired once for a custom loop (paid sampler, checked step);
 * :func:`data_parallel_clipped_grad` -- shard_map data parallelism, noise added once.
 """
 
@@ -14,14 +15,17 @@ from jaxdp.training.dpsgd.sampling import (BatchOverflowError, MaskedBatch, Padd
                                            PoissonSampler, abort_delta, effective_sample_rate,
                                            overflow_probability, pad_and_split, padded_batch_size,
                                            poisson_sample_indices)
+from jaxdp.training.dpsgd.private_step import (PaidSampler, PrivateBatch, PrivateSGD, PrivateState,
+                                               make_private)
 from jaxdp.training.dpsgd.train import DPSGDResult, accuracy, make_per_example_loss, train_dpsgd
-from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, dpsgd, noise_stddev, noisy_aggregate
+from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, noise_stddev, noisy_aggregate, private_sgd
 
 __all__ = [
     "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "MaskedBatch",
     "NoisyAggregateState", "PaddedBatch", "PoissonSampler", "abort_delta", "accuracy",
     "clipped_grad", "data_parallel_clipped_grad",
-    "dp_optimizer", "dpsgd", "effective_sample_rate", "make_data_mesh", "make_per_example_loss", "noise_stddev",
+    "dp_optimizer", "effective_sample_rate", "make_data_mesh", "make_per_example_loss", "make_private",
+    "PaidSampler", "PrivateBatch", "PrivateSGD", "PrivateState", "noise_stddev",
     "noisy_aggregate", "overflow_probability", "pad_and_split", "padded_batch_size", "per_layer_sensitivity",
-    "poisson_sample_indices", "train_dpsgd",
+    "poisson_sample_indices", "private_sgd", "train_dpsgd",
 ]

@@ -105,6 +105,7 @@ class _Call:
   out_dtype: Any
   simple_args: bool  # exactly one positional argument and no keyword arguments
   strategy: str = ""  # how its norm is computed: "outer", "gram", "materialise"
+  patches: bool = False  # conv only: the input unfolds into patches (gram, or materialise as a GEMM)
 
 
 @dataclasses.dataclass
@@ -238,6 +239,19 @@ def _leaks(loss_fn, params, example_specs, has_aux, covered: list, test_leaves: 
   return not (isinstance(out, jax.extend.core.Literal) and float(out.val) == 0.0)
 
 
+def _conv_patches_ok(call: _Call, leaves: list) -> bool:
+  """Whether the conv's per-example input unfolds into patches (plain dense conv, no groups)."""
+  m = call.module
+  kernel = leaves[call.leaves["['kernel']"]]
+  nd = len(kernel.shape) - 2
+  padding = m.padding
+  return (getattr(m, "feature_group_count", 1) == 1
+          and getattr(m, "conv_general_dilated", None) is None
+          and getattr(m, "conv_general_dilated_cls", None) is None
+          and not (isinstance(padding, str) and padding.upper() in ("CIRCULAR", "REFLECT", "CAUSAL"))
+          and len(call.in_shape) >= nd + 1)
+
+
 def _strategy(call: _Call, leaves: list) -> str:
   kind = call.kind
   if kind == "norm":
@@ -251,18 +265,11 @@ def _strategy(call: _Call, leaves: list) -> str:
       return "outer"
     return "gram" if 2 * t * t * (d + p) < t * d * p else "materialise"
   # conv: T output positions (times inner batch), patch size d, p features.
-  m = call.module
   kernel = leaves[call.leaves["['kernel']"]]
-  nd = len(kernel.shape) - 2
   d, p = math.prod(kernel.shape[:-1]), kernel.shape[-1]
   t = math.prod(call.out_shape[:-1])
-  padding = m.padding
-  patches_ok = (getattr(m, "feature_group_count", 1) == 1
-                and getattr(m, "conv_general_dilated", None) is None
-                and getattr(m, "conv_general_dilated_cls", None) is None
-                and not (isinstance(padding, str) and padding.upper() in ("CIRCULAR", "REFLECT", "CAUSAL"))
-                and len(call.in_shape) >= nd + 1)
-  if patches_ok and 2 * t * t * (d + p) < t * d * p:
+  call.patches = _conv_patches_ok(call, leaves)
+  if call.patches and 2 * t * t * (d + p) < t * d * p:
     return "gram"
   return "materialise"
 
@@ -435,26 +442,53 @@ def _own_params(call: _Call, leaves):
 
 
 def _conv_patches(call: _Call, a):
-  """Unfolded per-example conv input: (B, T, d) patches."""
+  """Unfolded per-example conv input: (B, T, d) patches, features ordered (k_1, ..., k_r, c_in).
+
+  Built from ``k_1 ... k_r`` strided slices of the padded input (pure data
+  movement, exact); ``lax.conv_general_dilated_patches`` computes the same
+  numbers as a convolution with an identity kernel, ``d`` times more work,
+  and is used only for input (lhs) dilation. The feature order matches the
+  kernel layout ``(k_1, ..., k_r, c_in, c_out)``.
+  """
   from flax.linen.linear import canonicalize_padding  # pylint: disable=g-import-not-at-top
+  import itertools  # pylint: disable=g-import-not-at-top
   m = call.module
   nd = len(m.kernel_size)
   b = a.shape[0]
-  x = a.reshape((-1,) + a.shape[a.ndim - nd - 1:])
+  x = _f32(a.reshape((-1,) + a.shape[a.ndim - nd - 1:]))
 
   def tup(v):
     if v is None:
       return (1,) * nd
     return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
 
+  ksize, strides = tuple(m.kernel_size), tup(m.strides)
+  kdil, ldil = tup(m.kernel_dilation), tup(m.input_dilation)
   padding = canonicalize_padding(m.padding, nd)
-  spatial = "".join("HWDXYZ"[i] for i in range(nd))
-  dn = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")
-  patches = jax.lax.conv_general_dilated_patches(
-      _f32(x), tuple(m.kernel_size), tup(m.strides), padding, lhs_dilation=tup(m.input_dilation),
-      rhs_dilation=tup(m.kernel_dilation), dimension_numbers=dn,
-      precision=jax.lax.Precision.HIGHEST)
-  return patches.reshape((b, -1, patches.shape[-1]))
+  if isinstance(padding, str):
+    eff = tuple((k - 1) * dl + 1 for k, dl in zip(ksize, kdil))
+    padding = jax.lax.padtype_to_pads(x.shape[1:1 + nd], eff, strides, padding)
+  if any(v != 1 for v in ldil):
+    spatial = "".join("HWDXYZ"[i] for i in range(nd))
+    dn = ("N" + spatial + "C", spatial + "IO", "N" + spatial + "C")
+    patches = jax.lax.conv_general_dilated_patches(
+        x, ksize, strides, padding, lhs_dilation=ldil, rhs_dilation=kdil,
+        dimension_numbers=dn, precision=jax.lax.Precision.HIGHEST)
+    # (c_in, k_1, ..., k_r) -> (k_1, ..., k_r, c_in)
+    c_in = x.shape[-1]
+    patches = patches.reshape(patches.shape[:-1] + (c_in,) + ksize)
+    patches = jnp.moveaxis(patches, nd + 1, -1)
+    return patches.reshape((b, -1, c_in * math.prod(ksize)))
+  xp = jnp.pad(x, [(0, 0)] + [tuple(p) for p in padding] + [(0, 0)])
+  out_sp = tuple(call.out_shape[len(call.out_shape) - nd - 1:-1])
+  slices = []
+  for offs in itertools.product(*[range(k) for k in ksize]):
+    start = (0,) + tuple(o * dl for o, dl in zip(offs, kdil)) + (0,)
+    limit = ((xp.shape[0],) + tuple(st + s * (n - 1) + 1 for st, s, n in zip(start[1:], strides, out_sp))
+             + (xp.shape[-1],))
+    slices.append(jax.lax.slice(xp, start, limit, (1,) + strides + (1,)))
+  patches = jnp.stack(slices, axis=-2)  # (N, *out_sp, prod(k), c_in)
+  return patches.reshape((b, -1, patches.shape[-2] * patches.shape[-1]))
 
 
 def _gram_sq(a, d, n_a: int, n_d: int):
@@ -478,8 +512,21 @@ def _layer_sq_norms(call: _Call, leaves, a, d) -> dict:
   book-keeping.
   """
   out = {}
-  if call.strategy == "materialise":
+  if call.strategy == "materialise" and call.kind == "conv" and call.patches:
+    # grad_W(n) = P_n^T delta_n from the unfolded input P_n (T, c_in k_1..k_r): one
+    # batched GEMM, where the vmapped conv vjp is a grouped convolution (slow on XLA:CPU).
+    kernel = leaves[call.leaves["['kernel']"]]
+    pt = _conv_patches(call, a)  # features ordered (k_1, ..., k_r, c_in), as the kernel
+    dt = _tokens(_f32(d), 1)
+    gk = jnp.einsum("btk,btp->bkp", pt, dt, precision=jax.lax.Precision.HIGHEST)
+    gk = gk.reshape((gk.shape[0],) + tuple(kernel.shape))
+    grads = {"kernel": gk}
+    if "['bias']" in call.leaves:
+      bias = leaves[call.leaves["['bias']"]]
+      grads["bias"] = jnp.sum(dt, axis=1).reshape((dt.shape[0],) + tuple(jnp.shape(bias)))
+  elif call.strategy == "materialise":
     grads = _materialise(call, leaves, a, d)
+  if call.strategy == "materialise":
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
       i = call.leaves[jax.tree_util.keystr(path)]
       g = _f32(g)

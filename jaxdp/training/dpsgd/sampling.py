@@ -1,6 +1,6 @@
 """Poisson sampling with a static padded batch shape, as the accountant assumes.
 
-The DP-SGD accountant (``jaxdp.accounting.dpsgd``; dp_accounting's
+The DP-SGD accountant (``jaxdp.accounting.dpsgd_accounting``; dp_accounting's
 ``PoissonSampledDpEvent``) analyses privacy amplification by POISSON sampling:
 at every step each of the N examples joins the batch independently with
 probability q, so the batch size is Binomial(N, q) and varies from step to

@@ -12,7 +12,7 @@ T = ceil(epochs / q) steps:
    optax optimiser -- :mod:`.transforms`;
 
 The noise multiplier sigma is either given or calibrated to a target
-(epsilon, delta) with :func:`jaxdp.accounting.dpsgd.calibrate_noise_multiplier`
+(epsilon, delta) with :func:`jaxdp.accounting.dpsgd_accounting.calibrate_noise_multiplier`
 for exactly (q, T); the spent epsilon is reported by the same accountant.
 The accounting is in float64 (dp_accounting), never in JAX.
 
@@ -38,7 +38,7 @@ import numpy as np
 import optax
 
 from jaxdp import _validation
-from jaxdp.accounting import dpsgd as dpsgd_accounting
+from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
 from jaxdp.training.dpsgd import clipping, sampling, transforms
@@ -196,7 +196,7 @@ def train_dpsgd(
   Privacy: (epsilon, delta)-DP with respect to adding or removing one example
   of ``(x, y)`` for the released parameters (and everything computed from them),
   by the Poisson-subsampled Gaussian mechanism composed over ``steps`` steps
-  (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd`). Not covered:
+  (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd_accounting`). Not covered:
   hyper-parameter tuning, ``eval_fn`` on private data, and the non-private
   diagnostics (training loss) that are kept in ``history``. Two conventions
   the accounting relies on: q and the divisor ``q N`` are computed from

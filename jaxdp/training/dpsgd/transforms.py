@@ -150,7 +150,7 @@ def dp_optimizer(
       noisy_aggregate(noise_multiplier, l2_sensitivity, expected_batch_size, key), optimizer)
 
 
-def dpsgd(
+def private_sgd(
     learning_rate: optax.ScalarOrSchedule,
     *,
     noise_multiplier: float,

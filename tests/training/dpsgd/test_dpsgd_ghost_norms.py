@@ -223,3 +223,23 @@ class GhostNormsTest(parameterized.TestCase):
 
 if __name__ == "__main__":
   absltest.main()
+
+
+@pytest.mark.parametrize("conv_kwargs", [
+    dict(kernel_size=(3, 3), strides=(2, 1), padding="SAME", kernel_dilation=(1, 2)),
+    dict(kernel_size=(8, 8), strides=(2, 2), padding=((3, 3), (3, 3))),
+    dict(kernel_size=(3,), strides=2, padding="VALID"),
+    dict(kernel_size=(2, 3), padding=((1, 0), (1, 1)), input_dilation=(2, 1)),
+])
+def test_conv_patches_reproduce_the_convolution(conv_kwargs):
+  """Unfolded input (kernel-ordered features) times the flattened kernel = the conv output."""
+  m = nn.Conv(features=4, **conv_kwargs)
+  nd = len(conv_kwargs["kernel_size"])
+  x = jax.random.normal(jax.random.key(0), (3, 1) + (11,) * nd + (5,))
+  variables = m.init(jax.random.key(1), x[0])
+  out = jax.vmap(lambda xi: m.apply(variables, xi))(x)
+  call = ghost_norms._Call(0, "conv", (), m, {}, x.shape[1:], x.dtype, out.shape[1:], out.dtype, True)
+  patches = ghost_norms._conv_patches(call, x)
+  kernel = variables["params"]["kernel"]
+  y = jnp.einsum("btk,kp->btp", patches, kernel.reshape(-1, kernel.shape[-1])) + variables["params"]["bias"]
+  np.testing.assert_allclose(np.asarray(y), np.asarray(out).reshape(y.shape), rtol=1e-5, atol=1e-5)

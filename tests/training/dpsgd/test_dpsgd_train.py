@@ -12,7 +12,7 @@ from scipy import stats
 
 from jaxdp import data as jdata
 from jaxdp import models
-from jaxdp.accounting import dpsgd as dpsgd_accounting
+from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.accounting.accountant import PrivacyAccountant, PrivacyBudget
 from jaxdp.errors import BudgetExceededError

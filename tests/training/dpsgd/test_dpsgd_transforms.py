@@ -29,7 +29,7 @@ class NoisyAggregateTest(chex.TestCase):
   def test_infinite_clip_zero_noise_equals_sgd(self):
     loss, params, x, y = _problem()
     grad_fn = clipping.clipped_grad(loss, l2_clip_norm=float("inf"), batch_argnums=(1, 2))
-    dp = transforms.dpsgd(0.3, noise_multiplier=0.0, l2_sensitivity=grad_fn.sensitivity,
+    dp = transforms.private_sgd(0.3, noise_multiplier=0.0, l2_sensitivity=grad_fn.sensitivity,
                           expected_batch_size=x.shape[0], key=jax.random.key(3))
     sgd = optax.sgd(0.3)
     mean_loss = lambda p: jnp.mean(jax.vmap(loss, (None, 0, 0))(p, x, y))
