@@ -327,7 +327,7 @@ def check_unit_ball(x: Any, name: str = "x", tol: float = 1e-6) -> np.ndarray:
   """
   arr = check_finite_array(x, name)
   flat = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, -1)
-  norms = np.linalg.norm(flat.astype(np.float64), axis=1)
+  norms = row_norms_float64(flat)
   worst = float(norms.max()) if norms.size else 0.0
   if worst > 1.0 + tol:
     raise ValueError(
@@ -338,8 +338,26 @@ def check_unit_ball(x: Any, name: str = "x", tol: float = 1e-6) -> np.ndarray:
     )
   if worst > 1.0:
     # Shrink by an extra 2^-22 so that rounding back to float32 (relative error
-    # <= 2^-24 per coordinate) cannot push a row outside the ball again.
-    factor = np.where(norms > 1.0, (1.0 - 2.0**-22) / np.maximum(norms, 1.0), 1.0)
-    flat = (flat.astype(np.float64) * factor[:, None]).astype(arr.dtype)
-    arr = flat.reshape(arr.shape)
+    # <= 2^-24 per coordinate) cannot push a row outside the ball again. Only the
+    # rows outside the ball are touched (a copy: the caller's array is not modified).
+    out = np.array(flat, copy=True)
+    rows = np.flatnonzero(norms > 1.0)
+    factor = (1.0 - 2.0**-22) / norms[rows]
+    out[rows] = (flat[rows].astype(np.float64) * factor[:, None]).astype(arr.dtype)
+    arr = out.reshape(arr.shape)
   return arr
+
+
+def row_norms_float64(flat: np.ndarray, block_rows: int = 4096) -> np.ndarray:
+  """Euclidean norms of the rows of a 2-D array, accumulated in float64.
+
+  Converts ``block_rows`` rows at a time (cache-sized blocks), so a large
+  float32 matrix is never copied to float64 as a whole; the result is the
+  float64 norm of the exact float32 values (what the sensitivity bounds need).
+  """
+  n = flat.shape[0]
+  out = np.empty(n, np.float64)
+  for start in range(0, n, block_rows):
+    block = np.asarray(flat[start:start + block_rows], np.float64)
+    out[start:start + block_rows] = np.einsum("ij,ij->i", block, block)
+  return np.sqrt(out)
