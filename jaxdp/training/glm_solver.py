@@ -198,24 +198,34 @@ def _line_search(a, q, w, p, g, d: _Data, loss, *, c1, c2, max_steps):
 
 
 def _two_loop(g, s_hist, y_hist, rho, valid, newest, memory_size):
-  """L-BFGS two-loop recursion (Nocedal & Wright 2006, Alg. 7.4); ``newest`` = latest slot."""
+  """L-BFGS two-loop recursion (Nocedal & Wright 2006, Alg. 7.4); ``newest`` = latest slot.
+
+  The valid pairs always form a run of consecutive slots ending at ``newest``
+  (pairs are stored in ring order and a reset invalidates all of them), so
+  both loops run over the ``count = sum(valid)`` stored pairs only: a fit that
+  converges in 12 iterations with ``memory_size = 50`` does 12, not 50, steps
+  per loop (the steps are small and sequential, so on a CPU their number, not
+  their size, is the cost for small problems).
+  """
+  count = jnp.sum(valid.astype(jnp.int32))
+
   def first(i, c):
     qv, alphas = c
     j = (newest - i) % memory_size
     alpha = jnp.where(valid[j], rho[j] * jnp.sum(s_hist[j] * qv), 0.0)
     return qv - alpha * y_hist[j], alphas.at[j].set(alpha)
 
-  qv, alphas = jax.lax.fori_loop(0, memory_size, first, (g, jnp.zeros_like(rho)))
+  qv, alphas = jax.lax.fori_loop(0, count, first, (g, jnp.zeros_like(rho)))
   yy = jnp.sum(y_hist[newest] * y_hist[newest])
   gamma = jnp.where(valid[newest] & (yy > 0), 1.0 / (rho[newest] * yy), 1.0)
   r = gamma * qv
 
   def second(i, r):
-    j = (newest + 1 + i) % memory_size
+    j = (newest - count + 1 + i) % memory_size
     beta = rho[j] * jnp.sum(y_hist[j] * r)
     return r + jnp.where(valid[j], alphas[j] - beta, 0.0) * s_hist[j]
 
-  return -jax.lax.fori_loop(0, memory_size, second, r)
+  return -jax.lax.fori_loop(0, count, second, r)
 
 
 def minimize_glm(
