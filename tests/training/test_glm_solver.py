@@ -174,3 +174,27 @@ def test_vmap_equals_map_over_linear_terms(loss):
   assert np.all(np.asarray(iv.grad_norm) <= 1e-6), np.asarray(iv.grad_norm)
   np.testing.assert_array_equal(np.asarray(iv.num_iter), np.asarray(im.num_iter))
   np.testing.assert_allclose(np.asarray(wv), np.asarray(wm), atol=1e-4)
+
+
+def test_batched_float64_polish_certifies_far_starts():
+  """Route 1 (certify_minimizers' polish) runs all uncertified problems in one jitted float64
+  glm-solver call: from the zero start with tol = 1e-9 (far below float32), every problem is
+  certified by that polish (route 1) within tol/Lambda, and the certified points match a float64
+  scipy minimiser to the certified distance."""
+  rng = np.random.default_rng(3)
+  n, d, c, m = 400, 6, 3, 4
+  x = rng.normal(size=(n, d))
+  x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1.0)
+  y = rng.integers(0, c, n).astype(np.int32)
+  lam, tol = 0.05, 1e-9
+  lin = rng.normal(size=(m, d, c)) * 1e-2
+  cert = certified_solve.certify_minimizers(np.zeros((m, d, c)), x, y, loss="softmax", h=0.5,
+                                            l2_total=lam, tol=tol, linear_term=lin, batched=True)
+  np.testing.assert_array_equal(cert.route, np.ones(m, np.int32))
+  assert np.all(cert.distance <= cert.radius) and cert.radius == pytest.approx(tol / lam)
+  for i in range(m):
+    fun = lambda v, i=i: (lambda fg: (fg[0], fg[1].reshape(-1)))(certified_solve.objective_and_grad(
+        v.reshape(d, c), x, y, loss="softmax", h=0.5, l2_total=lam, linear_term=lin[i]))
+    ref = scipy.optimize.minimize(fun, cert.weights[i].reshape(-1), jac=True, method="L-BFGS-B",
+                                  options=dict(maxiter=2000, gtol=1e-14, ftol=0.0)).x
+    assert np.linalg.norm(cert.weights[i].reshape(-1) - ref) <= cert.distance[i] + 1e-10
