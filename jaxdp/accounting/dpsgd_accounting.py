@@ -111,6 +111,29 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
   raise RuntimeError("noise calibration failed to reach the target epsilon.")  # pragma: no cover
 
 
+def resolve_noise_multiplier(target_epsilon: float | None, noise_multiplier: float | None,
+                             delta: float | None, sample_rate: float, steps: int,
+                             accountant: str = "rdp") -> float:
+  """The DP-SGD noise multiplier from exactly one of ``target_epsilon`` or ``noise_multiplier``.
+
+  With ``target_epsilon``: :func:`calibrate_noise_multiplier` (the smallest ``sigma``
+  whose ``steps`` Poisson-subsampled Gaussian steps at ``sample_rate`` are
+  ``(target_epsilon, delta)``-DP; ``delta`` required). Otherwise ``noise_multiplier``
+  itself, checked to be ``>= 0``.
+
+  Raises:
+    ValueError: both or neither given, ``target_epsilon`` without ``delta``, or bad values.
+  """
+  if (target_epsilon is None) == (noise_multiplier is None):
+    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
+  if target_epsilon is None:
+    return _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
+  if delta is None:
+    raise ValueError("delta is required with target_epsilon.")
+  return calibrate_noise_multiplier(target_epsilon, delta, sample_rate, steps,
+                                    accountant=accountant)
+
+
 def expected_batch_size(sample_rate: float, dataset_size: int) -> float:
   """q · N, the batch size that DP-SGD's noisy sum is divided by."""
   return _validation.check_sample_rate(sample_rate) * _validation.check_positive_int(

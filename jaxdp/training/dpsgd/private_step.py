@@ -478,32 +478,17 @@ def make_private(
     raise TypeError(f"optimizer must be an optax GradientTransformation, got "
                     f"{type(optimizer).__name__}.")
   n = _validation.check_positive_int(num_examples, "num_examples")
-  if (sample_rate is None) == (expected_batch_size is None):
-    raise ValueError("give exactly one of sample_rate or expected_batch_size.")
-  if sample_rate is None:
-    eb = _validation.check_positive(expected_batch_size, "expected_batch_size")
-    if eb > n:
-      raise ValueError(f"expected_batch_size must be in (0, num_examples={n}], got {eb}.")
-    sample_rate = eb / n
-  q = _validation.check_sample_rate(sample_rate)
+  q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
   if (epochs is None) == (steps is None):
     raise ValueError("give exactly one of epochs or steps.")
   t_planned = (dpsgd_accounting.steps_for_epochs(epochs, q) if steps is None
                else _validation.check_positive_int(steps, "steps"))
-  if (target_epsilon is None) == (noise_multiplier is None):
-    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
   if accountant_method not in ("rdp", "pld"):
     raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
   if delta is not None:
     delta = _validation.check_delta(delta, allow_zero=False)
-  if target_epsilon is not None:
-    if delta is None:
-      raise ValueError("delta is required with target_epsilon.")
-    target_epsilon = _validation.check_epsilon(target_epsilon, "target_epsilon")
-    sigma = dpsgd_accounting.calibrate_noise_multiplier(target_epsilon, delta, q, t_planned,
-                                                        accountant=accountant_method)
-  else:
-    sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
+  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
+                                                    t_planned, accountant=accountant_method)
   unit = events.check_unit(unit)
   if not isinstance(allow_extra_steps, bool):
     raise TypeError(f"allow_extra_steps must be a bool, got {allow_extra_steps!r}.")

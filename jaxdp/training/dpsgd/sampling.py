@@ -130,6 +130,28 @@ class PaddedBatch(NamedTuple):
     return MaskedBatch(taken, self.mask)
 
 
+def resolve_sample_rate(sample_rate: float | None, expected_batch_size: float | None,
+                        num_examples: int) -> float:
+  """The Poisson sampling rate ``q`` from exactly one of ``sample_rate`` or ``expected_batch_size``.
+
+  ``q = expected_batch_size / num_examples`` (so ``E|batch| = q N``); the result is
+  checked to lie in ``(0, 1]``.
+
+  Raises:
+    ValueError: both or neither given, an expected batch size outside ``(0, N]``, or
+      a sample rate outside ``(0, 1]``.
+  """
+  if (sample_rate is None) == (expected_batch_size is None):
+    raise ValueError("give exactly one of sample_rate or expected_batch_size.")
+  if sample_rate is None:
+    eb = _validation.check_positive(expected_batch_size, "expected_batch_size")
+    if eb > num_examples:
+      raise ValueError(f"expected_batch_size must be in (0, num_examples={num_examples}], "
+                       f"got {eb}.")
+    sample_rate = eb / num_examples
+  return _validation.check_sample_rate(sample_rate)
+
+
 def padded_batch_size(num_examples: int, sample_rate: float, overflow_prob: float = 1e-9,
                       multiple_of: int = 1) -> int:
   """Smallest P with ``Pr[Binomial(N, q) > P] <= overflow_prob``, rounded up.

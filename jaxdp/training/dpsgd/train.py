@@ -254,23 +254,11 @@ def train_dpsgd(
   _validation.check_key(key)
   n = int(len(y))
   _validation.check_positive_int(n, "len(y)")
-  if (sample_rate is None) == (expected_batch_size is None):
-    raise ValueError("give exactly one of sample_rate or expected_batch_size.")
-  if sample_rate is None:
-    eb = _validation.check_positive(expected_batch_size, "expected_batch_size")
-    if eb > n:
-      raise ValueError(f"expected_batch_size must be in (0, N={n}], got {eb}.")
-    sample_rate = eb / n
-  q = _validation.check_sample_rate(sample_rate)
+  q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
   delta = _validation.check_delta(delta, allow_zero=False)
   steps = dpsgd_accounting.steps_for_epochs(epochs, q)
-  if (target_epsilon is None) == (noise_multiplier is None):
-    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
-  if target_epsilon is not None:
-    sigma = dpsgd_accounting.calibrate_noise_multiplier(
-        target_epsilon, delta, q, steps, accountant=accountant_method)
-  else:
-    sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
+  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
+                                                    steps, accountant=accountant_method)
   if accountant == "default":
     accountant = _default_accountant()
   frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
