@@ -92,6 +92,23 @@ def check_data_in_bounds(x: Any, lower: np.ndarray, upper: np.ndarray, *, clip: 
   return arr
 
 
+def check_bounded_data(x: Any, lower: Any, upper: Any, *, clip: bool,
+                       name: str = "x") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A non-empty ``(n, d)`` float64 array inside its declared bounds, and the bounds.
+
+  :func:`check_bounds` on ``(lower, upper)`` for ``d`` features, then
+  :func:`check_data_in_bounds` (out-of-bound values raise unless ``clip``).
+
+  Returns:
+    ``(x, lower, upper)``.
+  """
+  arr = _validation.check_finite_array(x, name)
+  if arr.ndim != 2 or arr.shape[0] == 0:
+    raise ValueError(f"{name} must be a non-empty 2-D array, got shape {arr.shape}.")
+  lo, hi = check_bounds(lower, upper, arr.shape[1], f"{name} bounds")
+  return check_data_in_bounds(arr, lo, hi, clip=clip, name=name), lo, hi
+
+
 def check_labels(y: Any, num_classes: int, n: int, name: str = "y") -> np.ndarray:
   """Integer labels in ``{0, ..., num_classes - 1}`` (the public label set)."""
   arr = _validation.check_finite_array(y, name)

@@ -152,14 +152,6 @@ def _dp_lloyd_core(key, x, init, lo, hi, *, iterations, count_scale, sum_scale):
   return c
 
 
-def _prepare(x, lower, upper, clip):
-  arr = _validation.check_finite_array(x, "x")
-  if arr.ndim != 2 or arr.shape[0] == 0:
-    raise ValueError(f"x must be a non-empty 2-D array, got shape {arr.shape}.")
-  lo, hi = _common.check_bounds(lower, upper, arr.shape[1], "x bounds")
-  return _common.check_data_in_bounds(arr, lo, hi, clip=clip, name="x"), lo, hi
-
-
 def _uniform_init(key, k, lo, hi):
   u = jax.random.uniform(key, (k, lo.shape[0]), jnp.float32)
   return jnp.asarray(lo, jnp.float32) + u * jnp.asarray(hi - lo, jnp.float32)
@@ -188,7 +180,7 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
     ``(centroids (K, d), event)``.
   """
   _validation.check_key(key)
-  arr, lo, hi = _prepare(x, lower, upper, clip)
+  arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   k = _validation.check_positive_int(num_clusters, "num_clusters")
   cal = lloyd_calibration(lower=lo, upper=hi, epsilon=epsilon, iterations=iterations,
                           count_fraction=count_fraction, neighbouring=neighbouring)
@@ -263,7 +255,7 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
     ``(centroids (K, d), event)``; the event is ``LaplaceDpEvent(1/epsilon)``.
   """
   _validation.check_key(key)
-  arr, lo, hi = _prepare(x, lower, upper, clip)
+  arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   k = _validation.check_positive_int(num_clusters, "num_clusters")
   q = _validation.check_positive_int(num_blocks, "num_blocks")
   it = _validation.check_positive_int(iterations, "iterations")

@@ -62,11 +62,7 @@ def private_linear_regression(key: jax.Array, x: Any, y: Any, *, epsilon: float,
     ``(coef (d,), intercept, event)`` in the original units.
   """
   _validation.check_key(key)
-  arr = _validation.check_finite_array(x, "x")
-  if arr.ndim != 2 or arr.shape[0] == 0:
-    raise ValueError(f"x must be a non-empty 2-D array, got shape {arr.shape}.")
-  lo, hi = _common.check_bounds(lower, upper, arr.shape[1], "x bounds")
-  arr = _common.check_data_in_bounds(arr, lo, hi, clip=clip, name="x")
+  arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   ylo, yhi = _common.check_bounds(y_lower, y_upper, 1, "y bounds")
   yy = _validation.check_finite_array(y, "y").astype(np.float64)
   if yy.shape != (arr.shape[0],):

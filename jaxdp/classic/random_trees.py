@@ -142,11 +142,7 @@ def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, ep
     accountant: optional accountant/budget, spent before release.
   """
   _validation.check_key(key)
-  arr = _validation.check_finite_array(x, "x")
-  if arr.ndim != 2 or arr.shape[0] == 0:
-    raise ValueError(f"x must be a non-empty 2-D array, got shape {arr.shape}.")
-  lo, hi = _common.check_bounds(lower, upper, arr.shape[1], "x bounds")
-  arr = _common.check_data_in_bounds(arr, lo, hi, clip=clip, name="x")
+  arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   c = _validation.check_positive_int(num_classes, "num_classes")
   yy = _common.check_labels(y, c, arr.shape[0])
   h = _validation.check_positive_int(depth, "depth")
