@@ -4,7 +4,6 @@ Tiny configs on the embedded digits set (no data dir needed).
 """
 
 import csv
-import importlib.util
 import json
 import os
 import pathlib
@@ -13,15 +12,13 @@ import sys
 
 import pytest
 
+import _repo_modules
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "accuracy_vs_epsilon.py"
 
 
-def _load(rel):
-  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+_load = _repo_modules.load
 
 
 def _tiny_config(out_dir):

@@ -1,20 +1,14 @@
 """experiments/multiparty.py (paper 001 Fig. 2 protocol on the MNIST stand-in): tiny run, resume, labels."""
 
 import csv
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+import _repo_modules
 
 
-def _load(rel):
-  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+_load = _repo_modules.load
 
 
 def _tiny(out_dir, data_dir):

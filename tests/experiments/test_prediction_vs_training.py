@@ -5,27 +5,22 @@ noise seeds, one epsilon, delta in {0, 1e-5}.
 """
 
 import csv
-import importlib.util
 import json
 import math
-import pathlib
 
 import numpy as np
 import pytest
 
+import _repo_modules
+
 from jaxdp import prediction as jpred
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUDGETS = (1, 100)
 EPS = 10.0
 DELTAS = (0.0, 1e-5)
 
 
-def _load(rel):
-  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+_load = _repo_modules.load
 
 
 def _tiny_config(tmp_path):

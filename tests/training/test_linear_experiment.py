@@ -1,19 +1,13 @@
 """Smoke test of experiments/accuracy_vs_epsilon.py (tiny config on the embedded digits set)."""
 
-import importlib.util
 import json
-import pathlib
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+import _repo_modules
 
 
-def _load(rel):
-  spec = importlib.util.spec_from_file_location(rel.replace("/", "_")[:-3], ROOT / rel)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+_load = _repo_modules.load
 
 
 def test_accuracy_vs_epsilon_writes_results(tmp_path):
