@@ -88,7 +88,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from jaxdp.training import linear_losses
+from jaxdp.training import glm_solver, linear_losses
 
 ROUTES = ("lbfgs", "lbfgs64_polish", "accelerated_gradient")
 _U64 = 2.0 ** -53
@@ -266,7 +266,6 @@ def _polish64_batched(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200):
   and iteration counts. A heuristic like :func:`_polish64`: the caller
   re-certifies every returned point.
   """
-  from jaxdp.training import glm_solver  # pylint: disable=import-outside-toplevel
   with jax.enable_x64(True):
     xj = jnp.asarray(x, jnp.float64)
     yj = jnp.asarray(y)
@@ -275,14 +274,14 @@ def _polish64_batched(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200):
     out_w, info = _polish64_jit(jnp.asarray(w0, jnp.float64), lins, xj, yj,
                                 jnp.asarray(l2_total, jnp.float64), jnp.asarray(h, jnp.float64),
                                 jnp.asarray(tol / 4.0, jnp.float64), loss=loss,
-                                max_iter=int(max_iter), solver=glm_solver.minimize_glm)
+                                max_iter=int(max_iter))
     return np.asarray(out_w, np.float64), np.asarray(info.num_iter, np.int64)
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "max_iter", "solver"))
-def _polish64_jit(w0, lins, x, y, l2_total, h, tol, *, loss, max_iter, solver):
-  fit = lambda wl: solver(x, y, loss=loss, l2_total=l2_total, init=wl[0], linear_term=wl[1],
-                          h=h, max_iter=max_iter, tol=tol)
+@functools.partial(jax.jit, static_argnames=("loss", "max_iter"))
+def _polish64_jit(w0, lins, x, y, l2_total, h, tol, *, loss, max_iter):
+  fit = lambda wl: glm_solver.minimize_glm(x, y, loss=loss, l2_total=l2_total, init=wl[0],
+                                           linear_term=wl[1], h=h, max_iter=max_iter, tol=tol)
   return jax.lax.map(fit, (w0, lins))
 
 
