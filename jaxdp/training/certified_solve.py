@@ -79,6 +79,7 @@ see docs/sharp_edges.md.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 from typing import Any, NamedTuple
@@ -88,7 +89,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.optimize
 
-from jaxdp.training import glm_solver, linear_losses
+from jaxdp.training import batching, glm_solver, linear_losses
 
 ROUTES = ("lbfgs", "lbfgs64_polish", "accelerated_gradient")
 _U64 = 2.0 ** -53
@@ -205,37 +206,62 @@ def _certify_one(w, x, y, lin, lin_norm, *, loss, h, l2_total):
   return float(np.linalg.norm(g) + err)
 
 
-def _certify_batch(w, x, y, lin, *, loss, h, l2_total, chunk_elems=2 ** 22):
-  """Vectorised :func:`_certify_one` over the leading axis of ``w`` (chunked to bound memory)."""
+def _softmax_deriv_inplace(scores, y):
+  """``softmax - onehot`` in place on ``scores`` of layout ``(N, M, C)`` (M problems), float64."""
+  scores -= scores.max(axis=-1, keepdims=True)
+  np.exp(scores, out=scores)
+  scores /= scores.sum(axis=-1, keepdims=True)
+  scores[np.arange(scores.shape[0]), :, np.asarray(y, np.int64)] -= 1.0
+  return scores
+
+
+def _certify_chunk(wc, x, y, lin, *, loss, h, l2_total):
+  """Certificates ``||grad J|| + rounding bound`` of the problems ``wc`` (leading axis)."""
+  mc, n, d = wc.shape[0], x.shape[0], x.shape[1]
+  # One BLAS GEMM per pass over X for the whole chunk (an einsum or a loop of
+  # matmuls over the problems was the bottleneck of certifying M fits).
+  if wc.ndim == 3:
+    c = wc.shape[-1]
+    # Layout (N, M, C) end to end: no transposed copies of the N x M x C buffer.
+    scores = (x @ wc.transpose(1, 0, 2).reshape(d, mc * c)).reshape(n, mc, c)
+    if loss == "softmax":
+      gs = _softmax_deriv_inplace(scores, y)
+    else:
+      gs = _loss_grad(np.ascontiguousarray(scores.transpose(1, 0, 2)), y, loss, h,
+                      need_value=False)[1].transpose(1, 0, 2)
+    grad = (x.T @ gs.reshape(n, mc * c)).reshape(d, mc, c).transpose(1, 0, 2)
+  else:
+    _, gs = _loss_grad(wc @ x.T, y, loss, h, need_value=False)
+    grad = gs @ x
+  grad = grad / n + l2_total * wc
+  lin_norm = 0.0
+  if lin is not None:
+    grad = grad + lin
+    lin_norm = np.linalg.norm(lin.reshape(mc, -1), axis=1)
+  wn = np.linalg.norm(wc.reshape(mc, -1), axis=1)
+  err = certificate_rounding_bound(n, wc[0].size, wn, lin_norm, loss=loss, h=h, l2_total=l2_total)
+  return np.linalg.norm(grad.reshape(mc, -1), axis=1) + err
+
+
+def _certify_batch(w, x, y, lin, *, loss, h, l2_total, chunk_elems=2 ** 21):
+  """Vectorised :func:`_certify_one` over the leading axis of ``w``.
+
+  Chunked to bound memory (``chunk_elems`` float64 scores per chunk), the
+  chunks in threads, one per core (numpy's element-wise work is
+  single-threaded and releases the GIL). The same float64 operations as
+  :func:`_certify_one` per problem, so the same rounding bound.
+  """
   m = w.shape[0]
   n = x.shape[0]
   per = max(1, chunk_elems // max(1, n * (w.shape[-1] if w.ndim == 3 else 1)))
-  out = np.empty(m)
-  for s in range(0, m, per):
-    wc = w[s:s + per]
-    # One BLAS GEMM per pass over X for the whole chunk (einsum or stacked matmul
-    # loop over the problems and were the bottleneck of certifying M fits).
-    mc, d = wc.shape[0], x.shape[1]
-    if wc.ndim == 3:
-      c = wc.shape[-1]
-      scores = (x @ wc.transpose(1, 0, 2).reshape(d, mc * c)).reshape(n, mc, c).transpose(1, 0, 2)
-    else:
-      scores = wc @ x.T
-    _, gs = _loss_grad(np.ascontiguousarray(scores), y, loss, h, need_value=False)
-    if wc.ndim == 3:
-      grad = (x.T @ gs.transpose(1, 0, 2).reshape(n, mc * c)).reshape(d, mc, c).transpose(1, 0, 2)
-    else:
-      grad = gs @ x
-    grad = grad / n + l2_total * wc
-    lin_norm = 0.0
-    if lin is not None:
-      grad = grad + lin[s:s + per]
-      lin_norm = np.linalg.norm(lin[s:s + per].reshape(wc.shape[0], -1), axis=1)
-    wn = np.linalg.norm(wc.reshape(wc.shape[0], -1), axis=1)
-    err = certificate_rounding_bound(n, wc[0].size, wn, lin_norm, loss=loss, h=h,
-                                     l2_total=l2_total)
-    out[s:s + per] = np.linalg.norm(grad.reshape(wc.shape[0], -1), axis=1) + err
-  return out
+  starts = list(range(0, m, per))
+  run = lambda s: _certify_chunk(w[s:s + per], x, y, None if lin is None else lin[s:s + per],
+                                 loss=loss, h=h, l2_total=l2_total)
+  workers = min(len(starts), batching.cpu_workers())
+  if workers <= 1:
+    return np.concatenate([run(s) for s in starts])
+  with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+    return np.concatenate(list(pool.map(run, starts)))
 
 
 def accelerated_gradient_iterations(mu: float, smooth: float, dist0: float, tol: float) -> int:
@@ -278,7 +304,8 @@ def _polish64_batched(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200):
     return np.asarray(out_w, np.float64), np.asarray(info.num_iter, np.int64)
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "max_iter"))
+@functools.partial(jax.jit, static_argnames=("loss", "max_iter"),
+                   compiler_options=glm_solver.COMPILER_OPTIONS)
 def _polish64_jit(w0, lins, x, y, l2_total, h, tol, *, loss, max_iter):
   fit = lambda wl: glm_solver.minimize_glm(x, y, loss=loss, l2_total=l2_total, init=wl[0],
                                            linear_term=wl[1], h=h, max_iter=max_iter, tol=tol)

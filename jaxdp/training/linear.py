@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import _validation
-from jaxdp.training import glm_solver, linear_losses
+from jaxdp.training import batching, glm_solver, linear_losses
 from jaxdp.training.lbfgs import SolverInfo, minimize_lbfgs
 
 
@@ -175,9 +175,7 @@ def _check_solver(solver: str) -> str:
   return solver
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear",
-                                             "solver"))
-def _fit(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear,
+def _fit_impl(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear,
          init=None, solver="glm"):
   """Minimises ``J``; ``init`` (weights' shape) warm-starts it, default zeros.
 
@@ -200,6 +198,13 @@ def _fit(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_
   diff = lambda w, d: linear_objective_diff(w, d, x, y, **kw)
   w, info = minimize_lbfgs(fun, init, max_iter=max_iter, tol=tol, value_diff=diff)
   return LinearModel(w, info)
+
+
+# Top-level jitted fit (compiler options are allowed only on an outermost jit;
+# jitted callers trace ``_fit_impl`` directly).
+_fit = functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear",
+                                                   "solver"),
+                         compiler_options=glm_solver.COMPILER_OPTIONS)(_fit_impl)
 
 
 def _check_common(loss, num_classes, l2_reg, extra_l2, h, max_iter, tol):
@@ -324,17 +329,22 @@ def fit_linear_batched(
     lin = jnp.broadcast_to(lin, (m,) + lin.shape)
   elif not has_linear:
     lin = jnp.zeros((m,), jnp.float32)
-  return _fit_many(jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), l2, h, lin, ex, tol,
-                   loss=loss, num_classes=int(num_classes), max_iter=int(max_iter),
-                   has_linear=has_linear, mode=resolve_batch_mode(batch_mode), solver=solver)
+  mode = resolve_batch_mode(batch_mode)
+  kw = dict(loss=loss, num_classes=int(num_classes), max_iter=int(max_iter),
+            has_linear=has_linear, mode=mode, solver=solver)
+  # On a CPU the lax.map runs as one chunk per core, side by side (jaxdp.training.batching).
+  return batching.map_in_chunks(
+      lambda t: _fit_many(t[0], t[1], t[2], h, t[3], t[4], tol, **kw),
+      (jnp.asarray(xs_np, jnp.float32), jnp.asarray(ys_np), l2, lin, ex), batching.num_chunks(m, mode))
 
 
 @functools.partial(jax.jit, static_argnames=("loss", "num_classes", "max_iter", "has_linear",
-                                             "mode", "solver"))
+                                             "mode", "solver"),
+                   compiler_options=glm_solver.COMPILER_OPTIONS)
 def _fit_many(xs, ys, l2s, h, lins, exs, tol, *, loss, num_classes, max_iter, has_linear, mode,
               solver="glm"):
-  fit = lambda x, y, l, b, e: _fit(x, y, l, h, b, e, tol, loss=loss, num_classes=num_classes,
-                                   max_iter=max_iter, has_linear=has_linear, solver=solver)
+  fit = lambda x, y, l, b, e: _fit_impl(x, y, l, h, b, e, tol, loss=loss, num_classes=num_classes,
+                                        max_iter=max_iter, has_linear=has_linear, solver=solver)
   if mode == "vmap":
     return jax.vmap(fit)(xs, ys, l2s, lins, exs)
   return jax.lax.map(lambda t: fit(*t), (xs, ys, l2s, lins, exs))

@@ -135,7 +135,7 @@ from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
 from jaxdp.mechanisms.gaussian import gaussian_noise
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
-from jaxdp.training import certified_solve, linear, linear_losses
+from jaxdp.training import batching, certified_solve, glm_solver, linear, linear_losses
 
 NEIGHBOURING = ("add_remove", "replace_one")
 
@@ -409,8 +409,7 @@ def objective_perturbation_amp_calibration(
                          num_examples=num_examples, dim=int(dim), l2_reg=l2_reg, loss=loss, h=h)
 
 
-@functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter"))
-def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noise, loss,
+def _perturbed_fit_impl(key, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noise, loss,
                    num_classes, max_iter):
   """One perturbed fit: draws ``B`` from ``key`` and runs L-BFGS from ``init`` (zeros if None)."""
   n, d = x.shape
@@ -419,28 +418,40 @@ def _perturbed_fit(key, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noi
     b = l2_laplace_noise(key, shape, scale, x.dtype)
   else:
     b = gaussian_noise(key, shape, scale, x.dtype)
-  model = linear._fit(x, y, l2_reg, h, b / n, extra_l2, tol, loss=loss, num_classes=num_classes,
-                      max_iter=max_iter, has_linear=True, init=init)
+  model = linear._fit_impl(x, y, l2_reg, h, b / n, extra_l2, tol, loss=loss,
+                           num_classes=num_classes, max_iter=max_iter, has_linear=True, init=init)
   return model, b
 
 
-@functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter", "mode"))
+_perturbed_fit = functools.partial(
+    jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter"),
+    compiler_options=glm_solver.COMPILER_OPTIONS)(_perturbed_fit_impl)
+
+
+@functools.partial(jax.jit, static_argnames=("noise", "loss", "num_classes", "max_iter", "mode"),
+                   compiler_options=glm_solver.COMPILER_OPTIONS)
 def _perturbed_fit_many(keys, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noise, loss,
                         num_classes, max_iter, mode):
   """:func:`_perturbed_fit` per key (one shared ``init``), ``vmap`` or ``lax.map`` (``mode``)."""
-  fit = lambda k: _perturbed_fit(k, x, y, scale, extra_l2, l2_reg, h, tol, init, noise=noise,
-                                 loss=loss, num_classes=num_classes, max_iter=max_iter)
+  fit = lambda k: _perturbed_fit_impl(k, x, y, scale, extra_l2, l2_reg, h, tol, init, noise=noise,
+                                      loss=loss, num_classes=num_classes, max_iter=max_iter)
   return jax.vmap(fit)(keys) if mode == "vmap" else jax.lax.map(fit, keys)
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "kind", "batched"))
+def _draw_output_noise(key, scale, *, shape, kind, batched):
+  if kind == "l2_laplace":
+    draw = lambda k: l2_laplace_noise(k, shape, scale, jnp.float32)
+  else:
+    draw = lambda k: gaussian_noise(k, shape, scale, jnp.float32)
+  return jax.vmap(draw)(key) if batched else draw(key)
 
 
 def _output_noise(key, shape, amp):
   """Float32 AMP output noise ``Z`` (one draw per key), scale rounded towards more noise."""
   scale = noise_scale_as(amp.output_scale, jnp.float32, round_up=amp.output_noise != "l2_laplace")
-  if amp.output_noise == "l2_laplace":
-    draw = lambda k: l2_laplace_noise(k, shape, scale, jnp.float32)
-  else:
-    draw = lambda k: gaussian_noise(k, shape, scale, jnp.float32)
-  return jax.vmap(draw)(key) if linear.is_key_batch(key) else draw(key)
+  return _draw_output_noise(key, scale, shape=tuple(shape), kind=amp.output_noise,
+                            batched=linear.is_key_batch(key))
 
 
 def _check_init(init_weights, shape):
@@ -480,7 +491,11 @@ def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, b
   if batched:
     split = jax.vmap(jax.random.split)(key)  # (M, 2): independent objective / output keys
     obj_keys, out_keys = split[:, 0], split[:, 1]
-    model, b = _perturbed_fit_many(obj_keys, *args, mode=linear.resolve_batch_mode(batch_mode), **kw)
+    mode = linear.resolve_batch_mode(batch_mode)
+    # On a CPU the lax.map runs as one chunk per core, side by side (jaxdp.training.batching).
+    model, b = batching.map_in_chunks(
+        lambda k: _perturbed_fit_many(k, *args, mode=mode, **kw), obj_keys,
+        batching.num_chunks(len(obj_keys), mode))
   else:
     obj_keys, out_keys = jax.random.split(key)
     model, b = _perturbed_fit(obj_keys, *args, **kw)

@@ -236,15 +236,6 @@ def _scipy_minimizer(x, y, loss, lam, lin, shape, h=0.5):
   return v.reshape(shape)
 
 
-def _drawn_objective_noise(key, shape, cal):
-  """The B that _run draws (first half of the key split), reproduced outside the fit's jit."""
-  from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
-  from jaxdp.mechanisms.l2_laplace import l2_laplace_noise  # pylint: disable=import-outside-toplevel
-  k_obj, _ = jax.random.split(key)
-  scale = noise_scale_as(cal.objective.scale, jnp.float32, round_up=False)
-  return np.asarray(l2_laplace_noise(k_obj, shape, scale, jnp.float32), np.float64)
-
-
 def _fitted_objective_noise(key, x, y, cal, *, loss, num_classes, l2_reg, h=0.5):
   """The B that _run drew, bit for bit: the same jitted _perturbed_fit (one iteration) on the
   same key. B drawn outside that jit can differ from the fused in-jit draw by float32 rounding,
@@ -256,6 +247,22 @@ def _fitted_objective_noise(key, x, y, cal, *, loss, num_classes, l2_reg, h=0.5)
       k_obj, jnp.asarray(x, jnp.float32), jnp.asarray(y), scale, cal.objective.extra_l2, l2_reg, h,
       max(cal.tol, 1e-7), None, noise="l2_laplace", loss=loss, num_classes=num_classes,
       max_iter=1)
+  return np.asarray(b, np.float64)
+
+
+def _fitted_objective_noise_many(keys, x, y, cal, *, loss, num_classes, l2_reg, h=0.5):
+  """:func:`_fitted_objective_noise` for a batch of keys: the B's the batched _run drew, through
+  the same jitted _perturbed_fit_many and the same chunking (jaxdp.training.batching)."""
+  from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
+  from jaxdp.training import batching  # pylint: disable=import-outside-toplevel
+  obj_keys = jax.vmap(jax.random.split)(keys)[:, 0]
+  scale = noise_scale_as(cal.objective.scale, jnp.float32, round_up=False)
+  args = (jnp.asarray(x, jnp.float32), jnp.asarray(y), scale, cal.objective.extra_l2, l2_reg, h,
+          max(cal.tol, 1e-7), None)
+  mode = linear.resolve_batch_mode("auto")
+  fit = lambda k: obp._perturbed_fit_many(  # pylint: disable=protected-access
+      k, *args, noise="l2_laplace", loss=loss, num_classes=num_classes, max_iter=1, mode=mode)
+  _, b = batching.map_in_chunks(fit, obj_keys, batching.num_chunks(len(obj_keys), mode))
   return np.asarray(b, np.float64)
 
 
@@ -315,7 +322,8 @@ def test_warm_start_keeps_the_released_law():
   at_min = obp.loss_perturbation(keys, x, y, init_weights=cold.certificate.weights[0], **kw)
   assert int(at_min.info.num_iter[0]) <= int(cold.info.num_iter[0])
   # Near-exact reference for one draw: both within their certified distance of it.
-  b = _drawn_objective_noise(keys[0], (3, 3), cold.calibration)
+  b = _fitted_objective_noise_many(keys, x, y, cold.calibration, loss="softmax", num_classes=3,
+                                   l2_reg=0.01)[0]
   lam = cold.calibration.strong_convexity
   ref = certified_solve.certify_minimizers(  # within 1e-10/Lambda of the exact minimiser
       cold.certificate.weights[0], x, y, loss="softmax", h=0.5, l2_total=lam, tol=1e-10,
