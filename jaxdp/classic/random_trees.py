@@ -99,8 +99,10 @@ def _fit_core(key, x, y, lo, hi, *, num_trees, depth, num_classes, disjoint, sca
     weights = jnp.ones((num_trees, x.shape[0]), x.dtype)
 
   def one_tree(f, t, w):
-    leaves = jax.nn.one_hot(leaf_index(x, f, t, depth), 2 ** depth, dtype=x.dtype)  # (n, L)
-    return (leaves * w[:, None]).T @ onehot_y                                  # (L, C)
+    # Leaf-by-class counts as a segment sum over the rows' leaf indices: memory O(n C + L C)
+    # per tree (a one-hot (n, L) leaf matrix would need n 2^depth floats per tree).
+    return jax.ops.segment_sum(onehot_y * w[:, None], leaf_index(x, f, t, depth),
+                               num_segments=2 ** depth)                        # (L, C)
 
   counts = jax.vmap(one_tree)(feats, thr, weights)
   return RandomTrees(feats, thr, counts + laplace_noise(k_noise, counts.shape, scale, x.dtype))
