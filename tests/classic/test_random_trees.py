@@ -103,3 +103,41 @@ def test_audit_random_trees_worst_case(budget, scale_factor, violates):
   assert r.violates_claim == violates
   if not violates:
     assert r.epsilon_lower_bound >= (0.2 if budget == "split" else 0.05)
+
+
+def test_each_level_splits_on_a_distinct_feature():
+  """Survey Sec. 3.3: a tree pre-selects h distinct features in order, one per level; for h > m
+  the order continues with a fresh permutation (no feature recurs before all m are used)."""
+  rng = np.random.default_rng(0)
+  x, y = rng.uniform(size=(200, 6)), rng.integers(0, 2, 200)
+  for depth in (4, 6, 9):
+    trees, _ = rt.private_random_trees(jax.random.key(depth), x, y, num_classes=2, epsilon=1.0,
+                                       lower=0, upper=1, num_trees=5, depth=depth)
+    feats = np.asarray(trees.features)
+    level = np.floor(np.log2(np.arange(2 ** depth - 1) + 1)).astype(int)
+    for tree in feats:
+      per_level = [np.unique(tree[level == l]) for l in range(depth)]
+      assert all(len(u) == 1 for u in per_level)  # one feature per level
+      order = np.array([u[0] for u in per_level])
+      assert len(np.unique(order[:6])) == min(depth, 6)
+
+
+def test_product_rule_beats_averaging_with_one_informative_feature_of_many():
+  """With 40 binary features of which one decides the label 80% of the time, most trees never
+  see it (50 trees of depth 6: about 7 do): averaging predicts the majority class, the product
+  of the trees' evidence does not."""
+  rng = np.random.default_rng(1)
+  def data(n):
+    x = (rng.uniform(size=(n, 40)) < 0.5).astype(float)
+    y = np.where(rng.uniform(size=n) < 0.8, x[:, 0], 0).astype(int)  # majority class 0 (60%)
+    return x, y
+  x, y = data(20000)
+  xt, yt = data(5000)
+  kw = dict(epsilon=np.inf, num_classes=2, lower=0, upper=1, n_estimators=50, depth=6)
+  avg = rt.PrivateRandomTrees(combine="average", **kw).fit(x, y).score(xt, yt)
+  prod = rt.PrivateRandomTrees(combine="product", **kw).fit(x, y).score(xt, yt)
+  majority = 1 - yt.mean()
+  assert avg <= majority + 0.03
+  assert prod > max(avg, majority) + 0.1
+  with pytest.raises(ValueError, match="combine"):
+    rt.PrivateRandomTrees(combine="vote", **kw)
