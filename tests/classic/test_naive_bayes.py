@@ -144,3 +144,19 @@ def test_audit_catches_the_survey_per_count_calibration():
   # needed scale for 1 categorical + 1 numeric feature under replace-one).
   r = _audit(0.25)
   assert r.violates_claim
+
+
+def test_default_variance_floor_is_the_noise_level_of_each_class():
+  """var_floor=None floors class c's variance at clip(sqrt(2) sum_scale / n~_c, 1e-4, 0.25)
+  (post-processing); an explicit var_floor is used as given."""
+  stats = nb.NaiveBayesStats(
+      class_counts=jnp.array([100.0, 4000.0]), cat_counts=jnp.zeros((0, 2, 1)),
+      num_sums=jnp.array([[50.0, 10.0], [2000.0, 400.0]]),
+      num_squares=jnp.array([[25.0, 1.0], [1000.0, 40.0]]))  # variances 0 and 0.0
+  model = nb.model_from_statistics(stats, jnp.zeros((0,), jnp.int32), [0, 0], [1, 1],
+                                   sum_scale=20.0)
+  want = np.clip(np.sqrt(2) * 20.0 / np.array([100.0, 4000.0]), 1e-4, 0.25)
+  np.testing.assert_allclose(np.asarray(model.var), np.repeat(want[:, None], 2, 1), rtol=1e-6)
+  fixed = nb.model_from_statistics(stats, jnp.zeros((0,), jnp.int32), [0, 0], [1, 1],
+                                   var_floor=1e-3, sum_scale=20.0)
+  np.testing.assert_allclose(np.asarray(fixed.var), 1e-3, rtol=1e-6)
