@@ -79,7 +79,7 @@ from jaxdp.accounting import events
 from jaxdp.inference import newton, sensitivities, spd_release
 from jaxdp.mechanisms.gaussian import gaussian_noise
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
-from jaxdp.training import certified_solve, linear_losses
+from jaxdp.training import certified_solve, glm_solver, linear_losses
 from jaxdp.training.objective_perturbation import objective_perturbation_amp_calibration
 from jaxdp.training.output_perturbation import output_perturbation_calibration
 
@@ -306,22 +306,28 @@ def _l2_laplace_rows(key, rows, dim, beta, dtype):
 
 
 def order_statistic(samples: jax.Array, k: Any, iters: int = 40) -> jax.Array:
-  """Column-wise ``k``-th smallest value (1-based) of ``samples`` ``(m, d)`` by bisection.
+  """Column-wise ``k``-th smallest values (1-based) of ``samples`` ``(m, d)`` by bisection.
 
-  XLA's CPU sort is slow (about 50 ms for ``10,000 x 11``); counting ``#{s <= t}`` while
-  bisecting ``t`` over ``[min, max]`` costs ``iters`` cheap passes and returns the order
-  statistic to within ``(max - min) 2^-iters`` (from above).
+  ``k`` is a scalar (returns ``(d,)``) or a vector of ``K`` ranks (returns ``(K, d)``: all
+  ranks share each pass over ``samples``). XLA's CPU sort is slow (about 50 ms for
+  ``10,000 x 11``); counting ``#{s <= t}`` while bisecting ``t`` over ``[min, max]`` costs
+  ``iters`` cheap passes and returns each order statistic to within ``(max - min) 2^-iters``
+  (from above: the returned ``hi`` always has at least ``k`` samples at or below it).
   """
-  lo = jnp.min(samples, axis=0)
-  hi = jnp.max(samples, axis=0)
+  k = jnp.asarray(k)
+  ks = jnp.atleast_1d(k)[:, None]                                   # (K, 1)
+  lo = jnp.broadcast_to(jnp.min(samples, axis=0), (ks.shape[0], samples.shape[1]))
+  hi = jnp.broadcast_to(jnp.max(samples, axis=0), (ks.shape[0], samples.shape[1]))
 
   def body(_, bounds):
     lo, hi = bounds
-    mid = 0.5 * (lo + hi)
-    enough = jnp.sum(samples <= mid, axis=0) >= k
+    mid = 0.5 * (lo + hi)                                           # (K, d)
+    counts = jnp.sum(samples[None] <= mid[:, None, :], axis=1)      # (K, d)
+    enough = counts >= ks
     return jnp.where(enough, lo, mid), jnp.where(enough, mid, hi)
 
-  return jax.lax.fori_loop(0, iters, body, (lo, hi))[1]
+  out = jax.lax.fori_loop(0, iters, body, (lo, hi))[1]
+  return out[0] if k.ndim == 0 else out
 
 
 def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, release_noise,
@@ -368,15 +374,16 @@ def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, relea
     beta = _l2_laplace_rows(k_b, num_samples, d, p["release_scale"], f32)
     samples = g @ h_inv32 / sq_n - beta
   # Equal-tailed interval: order statistics ceil(m alpha/2) and ceil(m (1 - alpha/2)).
-  lo = order_statistic(samples, jnp.ceil(num_samples * p["q_lo"]))
-  hi = order_statistic(samples, jnp.ceil(num_samples * p["q_hi"]))
+  lo, hi = order_statistic(samples, jnp.ceil(num_samples * jnp.stack([p["q_lo"], p["q_hi"]])))
   return ConfidenceIntervals(theta + lo.astype(dt), theta + hi.astype(dt), theta, h_rel, s_rel)
 
 
 BATCH_MODES = ("map", "vmap")
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "perturbation", "batched"))
+
+@functools.partial(jax.jit, static_argnames=("loss", "perturbation", "batched"),
+                   compiler_options=glm_solver.COMPILER_OPTIONS)
 def _solve_jit(keys, x, x32, y, w, p, *, loss, perturbation, batched):
   fn = functools.partial(_solve, loss=loss, perturbation=perturbation)
   if batched == "vmap":
@@ -386,7 +393,8 @@ def _solve_jit(keys, x, x32, y, w, p, *, loss, perturbation, batched):
   return fn(keys, x, x32, y, w, p)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("batched",))
+@functools.partial(jax.jit, static_argnames=_STATIC + ("batched",),
+                   compiler_options=glm_solver.COMPILER_OPTIONS)
 def _intervals_jit(keys, theta_hat, x, y, w, p, *, batched, **static):
   fn = functools.partial(_intervals, **static)
   if batched == "vmap":
@@ -463,20 +471,25 @@ def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="ma
       return jax.tree.map(np.asarray, out), cal
     if w.shape[0] == 1 and keys.shape[0] > 1:
       w = np.broadcast_to(w, (keys.shape[0], x.shape[0]))
-    parts = []
-    for s in range(0, keys.shape[0], chunk_size):
+    def run_chunk(s):
       kc, wc = keys[s:s + chunk_size], jnp.asarray(w[s:s + chunk_size])
       if kc.shape[0] < chunk_size and s > 0:  # pad to the compiled chunk shape
         pad = chunk_size - kc.shape[0]
         kc = jnp.concatenate([kc, jnp.repeat(kc[-1:], pad, axis=0)])
         wc = jnp.concatenate([wc, jnp.repeat(wc[-1:], pad, axis=0)])
-      th, lin, cert = _solve_jit(kc, xj, x32, yj, wc, p, loss=cal.loss,
-                                 perturbation=cal.perturbation, batched=batch_mode)
-      if np.any(np.asarray(cert) > cal.tol):
-        th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, np.asarray(wc)))
-      out = _intervals_jit(kc, th, xj, yj, wc, p, batched=batch_mode, **static)
-      take = min(chunk_size, keys.shape[0] - s)
-      parts.append(jax.tree.map(lambda a: np.asarray(a[:take]), out))
+      with jax.enable_x64(True):
+        th, lin, cert = _solve_jit(kc, xj, x32, yj, wc, p, loss=cal.loss,
+                                   perturbation=cal.perturbation, batched=batch_mode)
+        if np.any(np.asarray(cert) > cal.tol):
+          th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, np.asarray(wc)))
+        out = _intervals_jit(kc, th, xj, yj, wc, p, batched=batch_mode, **static)
+        take = min(chunk_size, keys.shape[0] - s)
+        return jax.tree.map(lambda a: np.asarray(a[:take]), out)
+
+    # The chunks run one after another: run side by side in threads (as the linear fits of
+    # jaxdp.training.batching do) the float64 results differed in the last ~1e-11 from the
+    # sequential ones, and the same key must give the same interval.
+    parts = [run_chunk(s) for s in range(0, keys.shape[0], chunk_size)]
     return ConfidenceIntervals(*(np.concatenate(f) for f in zip(*parts))), cal
 
 
