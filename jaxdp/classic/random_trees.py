@@ -139,6 +139,12 @@ def _fit_core(key, x, y, lo, hi, *, num_trees, depth, num_classes, disjoint, sca
 COMBINE_RULES = ("product", "average")
 
 
+def _check_combine(combine: str) -> str:
+  if combine not in COMBINE_RULES:
+    raise ValueError(f"combine must be one of {COMBINE_RULES}, got {combine!r}.")
+  return combine
+
+
 @functools.partial(jax.jit, static_argnames=("depth", "combine"))
 def predict_scores(trees: RandomTrees, x, depth: int, smoothing: float = 1.0,
                    combine: str = "product"):
@@ -148,8 +154,7 @@ def predict_scores(trees: RandomTrees, x, depth: int, smoothing: float = 1.0,
   max(l~_{v,c}, 0) + smoothing``. ``"product"``: ``sum_t log p_t(c | v_t) - (N - 1)
   log pi(c)`` with ``pi`` the class shares of all noisy counts. Post-processing.
   """
-  if combine not in COMBINE_RULES:
-    raise ValueError(f"combine must be one of {COMBINE_RULES}, got {combine!r}.")
+  _check_combine(combine)
   counts = jnp.maximum(trees.counts, 0.0) + smoothing              # (N, L, C)
   dist = counts / counts.sum(-1, keepdims=True)
 
@@ -215,9 +220,7 @@ class PrivateRandomTrees:
     self.n_estimators, self.depth, self.tree_budget = n_estimators, depth, tree_budget
     self.neighbouring = _common.check_relation(neighbouring)
     self.accountant, self.seed = accountant, seed
-    if combine not in COMBINE_RULES:
-      raise ValueError(f"combine must be one of {COMBINE_RULES}, got {combine!r}.")
-    self.combine = combine
+    self.combine = _check_combine(combine)
     self._fits = 0
 
   def fit(self, x: Any, y: Any) -> "PrivateRandomTrees":

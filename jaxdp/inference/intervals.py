@@ -395,7 +395,6 @@ def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, relea
 BATCH_MODES = ("map", "vmap")
 
 
-
 @functools.partial(jax.jit, static_argnames=("loss", "perturbation", "batched"),
                    compiler_options=glm_solver.COMPILER_OPTIONS)
 def _solve_jit(keys, x, x32, y, w, p, init=None, *, loss, perturbation, batched):
@@ -497,24 +496,23 @@ def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="ma
     # unperturbed minimiser (computed once), about half the steps of a start at 0; the
     # released points are certified as always, so the start does not enter the guarantee.
     init = _warm_start_jit(xj, x32, yj, p, loss=cal.loss) if keys.shape[0] > 1 else None
+
     def run_chunk(s):
       kc, wc = keys[s:s + chunk_size], jnp.asarray(w[s:s + chunk_size])
       if kc.shape[0] < chunk_size and s > 0:  # pad to the compiled chunk shape
         pad = chunk_size - kc.shape[0]
         kc = jnp.concatenate([kc, jnp.repeat(kc[-1:], pad, axis=0)])
         wc = jnp.concatenate([wc, jnp.repeat(wc[-1:], pad, axis=0)])
-      with jax.enable_x64(True):
-        th, lin, cert = _solve_jit(kc, xj, x32, yj, wc, p, init, loss=cal.loss,
-                                   perturbation=cal.perturbation, batched=batch_mode)
-        if np.any(np.asarray(cert) > cal.tol):
-          th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, np.asarray(wc)))
-        out = _intervals_jit(kc, th, xj, yj, wc, p, batched=batch_mode, **static)
-        take = min(chunk_size, keys.shape[0] - s)
-        return jax.tree.map(lambda a: np.asarray(a[:take]), out)
+      th, lin, cert = _solve_jit(kc, xj, x32, yj, wc, p, init, loss=cal.loss,
+                                 perturbation=cal.perturbation, batched=batch_mode)
+      if np.any(np.asarray(cert) > cal.tol):
+        th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, np.asarray(wc)))
+      out = _intervals_jit(kc, th, xj, yj, wc, p, batched=batch_mode, **static)
+      take = min(chunk_size, keys.shape[0] - s)
+      return jax.tree.map(lambda a: np.asarray(a[:take]), out)
 
-    # The chunks run one after another: run side by side in threads (as the linear fits of
-    # jaxdp.training.batching do) the float64 results differed in the last ~1e-11 from the
-    # sequential ones, and the same key must give the same interval.
+    # One chunk after another (not side by side in threads as jaxdp.training.batching does:
+    # the float64 results then differed in the last ~1e-11, and a key must give one interval).
     parts = [run_chunk(s) for s in range(0, keys.shape[0], chunk_size)]
     return ConfidenceIntervals(*(np.concatenate(f) for f in zip(*parts))), cal
 

@@ -32,8 +32,9 @@ so for wide ``X`` (``D >= 256``) a nearly exact search (``c2 = 0.1``: fewer
 iterations) is free, while for narrow ``X`` a search step costs about as much
 as a pass and the usual quasi-Newton value ``c2 = 0.9`` (Nocedal & Wright,
 Sec. 3.1: the first trial step is usually accepted) is faster (MNIST: 41 vs 50
-iterations, 2.0 vs 2.3 s with D = 784; 21 vs 15 ms per fit at D = 50, N = 10,000). ``phi(t) - phi(0)`` is evaluated as a difference of per-example
-losses without cancellation (the float32 device of
+iterations, 2.0 vs 2.3 s with D = 784; 21 vs 15 ms per fit at D = 50, N = 10,000).
+``phi(t) - phi(0)`` is evaluated as a difference of per-example losses without
+cancellation (the float32 device of
 :func:`jaxdp.training.linear.linear_objective_diff`), up to a few-ulp slack.
 
 Direction: the L-BFGS two-loop recursion (Nocedal & Wright 2006, Alg. 7.4)
@@ -318,7 +319,12 @@ def minimize_glm(
   m = int(memory_size)
 
   a0 = _matmul(x, w0)
-  v0, g0 = _objective_and_grad(w0, a0, d, loss)
+  if loss == "softmax":  # the probabilities at the start serve the gradient and the first search
+    probs0 = jax.nn.softmax(a0, axis=-1)
+    g0 = _grad_from_probs(w0, probs0, d)
+  else:
+    probs0 = None
+    _, g0 = _objective_and_grad(w0, a0, d, loss)
   hist = jnp.zeros((m,) + w0.shape, dtype)
   # L-BFGS memory: s and y pairs, rho = 1/s^T y, validity, index of the newest slot.
   history = (hist, hist, jnp.zeros((m,), dtype), jnp.zeros((m,), bool),
@@ -366,7 +372,6 @@ def minimize_glm(
     return (keep(w_new, w), keep(a_new, a), probs_out, g_out, s_hist, y_hist, rho, valid, newest,
             k + 1, ok, jnp.minimum(gnorm, best), jnp.where(improved, 0, stale + 1))
 
-  probs0 = jax.nn.softmax(a0, axis=-1) if loss == "softmax" else None
   carry = (w0, a0, probs0, g0, *history, jnp.asarray(0, jnp.int32), jnp.asarray(True),
            jnp.linalg.norm(g0), jnp.asarray(0, jnp.int32))
   out = jax.lax.while_loop(cond, body, carry)

@@ -175,8 +175,8 @@ def _check_solver(solver: str) -> str:
   return solver
 
 
-def _fit_impl(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter, has_linear,
-         init=None, solver="glm"):
+def _fit_impl(x, y, l2_reg, h, linear_term, extra_l2, tol, *, loss, num_classes, max_iter,
+              has_linear, init=None, solver="glm"):
   """Minimises ``J``; ``init`` (weights' shape) warm-starts it, default zeros.
 
   A warm start changes only where the iterations begin: every private method

@@ -410,7 +410,7 @@ def objective_perturbation_amp_calibration(
 
 
 def _perturbed_fit_impl(key, x, y, scale, extra_l2, l2_reg, h, tol, init=None, *, noise, loss,
-                   num_classes, max_iter):
+                        num_classes, max_iter):
   """One perturbed fit: draws ``B`` from ``key`` and runs L-BFGS from ``init`` (zeros if None)."""
   n, d = x.shape
   shape = (d, num_classes) if loss == "softmax" else (d,)
