@@ -6,10 +6,12 @@
 * :class:`PoissonSampler` -- Poisson sampling with static padded chunks and honest overflow;
 * :func:`train_dpsgd` -- calibrate, train, account (linen or nnx models);
 * :func:`make_private` -- the same pieces wired once for a custom loop (paid sampler, checked step);
-* :func:`data_parallel_clipped_grad` -- shard_map data parallelism, noise added once.
+* :func:`data_parallel_clipped_grad` -- shard_map data parallelism, noise added once;
+* :func:`linear_dpsgd` -- many independent DP-SGD runs of a softmax linear model in one call.
 """
 
 from jaxdp.training.dpsgd.clipping import ClippedGradFn, ClippedGradInfo, clipped_grad, per_layer_sensitivity
+from jaxdp.training.dpsgd.linear import LinearDPSGDResult, linear_dpsgd
 from jaxdp.training.dpsgd.data_parallel import data_parallel_clipped_grad, make_data_mesh
 from jaxdp.training.dpsgd.sampling import (BatchOverflowError, MaskedBatch, PaddedBatch,
                                            PoissonSampler, abort_delta, effective_sample_rate,
@@ -21,7 +23,8 @@ from jaxdp.training.dpsgd.train import DPSGDResult, accuracy, make_per_example_l
 from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, noise_stddev, noisy_aggregate, private_sgd
 
 __all__ = [
-    "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "MaskedBatch",
+    "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "LinearDPSGDResult",
+    "MaskedBatch", "linear_dpsgd",
     "NoisyAggregateState", "PaddedBatch", "PoissonSampler", "abort_delta", "accuracy",
     "clipped_grad", "data_parallel_clipped_grad",
     "dp_optimizer", "effective_sample_rate", "make_data_mesh", "make_per_example_loss", "make_private",
