@@ -1,0 +1,110 @@
+"""Configs for experiments/tradeoffs.py: paper 000 Figures 1-6, one figure per config argument.
+
+``--config=configs/tradeoffs.py:<figure>`` with ``<figure>`` one of
+``fig1`` (accuracy vs epsilon; B = 100; delta = 0 and 1e-5), ``fig2`` (vs the
+inference budget B; epsilon = 1), ``fig3`` (vs delta; epsilon = 1, B = 100),
+``fig4`` (vs N; (1, 0), B = 100), ``fig5a`` (vs D by PCA), ``fig5b`` (vs C, the
+first C digits), ``fig6a`` (loss perturbation vs lambda, several epsilons),
+``fig6b`` (subsample-and-aggregate vs T, several epsilons). Settings from paper
+000 Sec. 4.1-4.2 unless stated; any field can be overridden on the command line
+(``--config.num_seeds=20``, ``--config.axis_values='(0.1,1.0)'``).
+
+Datasets. The default is ``digits`` (embedded in scikit-learn, N ~ 1,400,
+D = 64: no download), with grids scaled to its size (its useful epsilons are
+larger, T smaller) so that a figure runs in a few minutes on a laptop CPU.
+``--config.dataset=mnist`` (needs ``$JAXDP_DATA_DIR`` or TFDS) selects the
+paper's grids: ``presets.mnist`` fills every field left at its "empty" value
+(``()`` or 0).
+"""
+
+import ml_collections
+
+# Per figure: the axis, its values on MNIST and on digits, and the fixed settings.
+_FIGURES = {
+    "fig1": dict(axis="epsilon", deltas=(0.0, 1e-5),
+                 mnist=(0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
+                 digits=(0.1, 0.3, 1.0, 3.0, 10.0, 30.0)),
+    "fig2": dict(axis="budget", deltas=(0.0, 1e-5), epsilons=(1.0,),
+                 mnist=(1, 3, 10, 30, 100, 300, 1000, 3000, 10000),
+                 digits=(1, 3, 10, 30, 100, 300, 1000), digits_epsilons=(10.0,)),
+    "fig3": dict(axis="delta", epsilons=(1.0,),
+                 mnist=(1e-10, 1e-8, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2),
+                 digits=(1e-10, 1e-7, 1e-5, 1e-3, 1e-2), digits_epsilons=(10.0,)),
+    "fig4": dict(axis="n_train", deltas=(0.0,), epsilons=(1.0,),
+                 methods=("non_private", "model_sensitivity", "loss_perturbation",
+                          "prediction_sensitivity", "subsample_aggregate"),
+                 mnist=(1000, 3000, 10000, 30000, 60000),
+                 digits=(300, 600, 1000, 1438), digits_epsilons=(10.0,)),
+    "fig5a": dict(axis="pca_dims", deltas=(0.0,), epsilons=(1.0,),
+                  methods=("non_private", "model_sensitivity", "loss_perturbation",
+                           "prediction_sensitivity", "subsample_aggregate"),
+                  mnist=(10, 20, 50, 100, 200, 0), digits=(4, 8, 16, 32, 0),
+                  digits_epsilons=(10.0,)),
+    "fig5b": dict(axis="num_classes", deltas=(0.0,), epsilons=(1.0,),
+                  methods=("non_private", "model_sensitivity", "loss_perturbation",
+                           "prediction_sensitivity", "subsample_aggregate"),
+                  mnist=(2, 3, 4, 5, 6, 7, 8, 9, 10), digits=(2, 4, 6, 8, 10),
+                  digits_epsilons=(10.0,)),
+    "fig6a": dict(axis="l2_reg", deltas=(0.0,), epsilons=(0.1, 1.0, 10.0),
+                  methods=("loss_perturbation",),
+                  mnist=(1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 5e-1),
+                  digits=(1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 5e-1), digits_epsilons=(1.0, 10.0, 100.0)),
+    "fig6b": dict(axis="num_teachers", deltas=(0.0,), epsilons=(0.1, 1.0, 10.0),
+                  methods=("subsample_aggregate",),
+                  mnist=(16, 32, 64, 128, 256, 512, 1024),
+                  digits=(4, 8, 16, 32, 64), digits_epsilons=(1.0, 10.0, 100.0)),
+}
+ALL_METHODS = ("non_private", "model_sensitivity", "loss_perturbation", "dpsgd",
+               "prediction_sensitivity", "subsample_aggregate")
+
+
+def get_config(figure: str = "fig1") -> ml_collections.ConfigDict:
+  if figure not in _FIGURES:
+    raise ValueError(f"figure must be one of {sorted(_FIGURES)}, got {figure!r}.")
+  spec = _FIGURES[figure]
+  config = ml_collections.ConfigDict()
+  config.figure = figure
+  config.name = f"tradeoffs_{figure}"
+  config.dataset = "digits"             # "digits" | "mnist" (or any jaxdp.data.load name)
+  config.data_dir = ""                  # "" -> $JAXDP_DATA_DIR (then TFDS)
+  config.axis = spec["axis"]
+  config.axis_values = ()               # () -> presets[dataset]: the x axis
+  config.methods = tuple(spec.get("methods", ALL_METHODS))
+  config.epsilons = ()                  # () -> presets (the figure's epsilon, or its series)
+  config.deltas = tuple(spec.get("deltas", (1e-5,)))  # one panel per delta
+  config.budget = 100                   # inference budget B (paper: 100; Fig. 2 varies it)
+  config.n_train = 0                    # 0: all training examples
+  config.pca_dims = 0                   # 0: raw pixels
+  config.num_classes = 0                # 0: all classes
+  config.l2_reg = 0.0                   # 0: chosen on the held-out split from l2_regs
+  # paper 000 Sec. 4.1: lambda cross-validated in [1e-5, 5e-1]; the preset keeps the
+  # decades where the methods' optima are (see configs/accuracy_vs_epsilon.py).
+  config.l2_regs = ()
+  config.num_teachers = 0               # 0 -> preset (paper: T = 256)
+  config.dpsgd = ml_collections.ConfigDict(dict(
+      # paper 000 Sec. 4.1: the clip value cross-validated in [5e-4, 5e-1]; the paper
+      # gives no batch size, epochs or learning rate for the linear models.
+      clip_norms=(0.05, 0.5), learning_rates=(1.0,), epochs=0.0,  # 0 -> preset
+      expected_batch_size=1000.0, momentum=0.9))
+  config.validation_fraction = 0.2
+  config.num_seeds = 0                  # noise draws per point (paper: 100), one batched call
+  config.val_seeds = 0                  # noise draws per candidate hyper-parameter
+  config.account_selection = False      # True: charge the selection by basic composition
+  config.max_iter = 500
+  config.tol = 1e-6                     # certified non-private fits, teachers
+  config.objective_tol = 0.0            # 0 -> preset; loss perturbation's certified tol (-1: AMP)
+  config.warm_start = True              # loss perturbation starts at the non-private minimiser
+  config.gaussian_method = "best"       # prediction sensitivity, delta > 0
+  config.batch_mode = "auto"
+  config.seed = 0
+  config.out_dir = "results"            # writes results/tradeoffs_<figure>/<dataset>/
+  config.presets = ml_collections.ConfigDict(dict(
+      digits=dict(axis_values=tuple(spec["digits"]),
+                  epsilons=tuple(spec.get("digits_epsilons", spec.get("epsilons", (1.0,)))),
+                  l2_regs=(1e-4, 1e-3, 1e-2, 1e-1), num_teachers=16, num_seeds=20, val_seeds=4,
+                  objective_tol=-1.0, dpsgd_epochs=20.0),
+      mnist=dict(axis_values=tuple(spec["mnist"]), epsilons=tuple(spec.get("epsilons", (1.0,))),
+                 l2_regs=(1e-4, 1e-3, 1e-2, 1e-1), num_teachers=256, num_seeds=100, val_seeds=2,
+                 objective_tol=1e-7, dpsgd_epochs=3.0),
+  ))
+  return config

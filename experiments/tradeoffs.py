@@ -1,0 +1,410 @@
+"""Reproduction of "The Trade-Offs of Private Prediction" (paper 000), Figures 1-6.
+
+Paper: ``../shared/papers/000_tradeoffs_of_private_prediction.md``, Sec. 4.1-4.2.
+Usage (one figure per run; the figure is the config's argument)::
+
+  python experiments/tradeoffs.py                                   # Fig. 1 on digits
+  JAXDP_DATA_DIR=../shared/data python experiments/tradeoffs.py \
+      --config=configs/tradeoffs.py:fig2 --config.dataset=mnist
+  ... --config=configs/tradeoffs.py:fig6a --config.num_seeds=20       # any field overrides
+
+Five private methods on a multiclass linear (softmax) model, each for a total
+``(epsilon, delta)`` guarantee on the training set and an inference budget B:
+
+* private TRAINING (one released model; any number of predictions is
+  post-processing, so the accuracy does not depend on B):
+
+  - ``model_sensitivity``: output perturbation (App. B.1, Alg. 1 / 3), noise on
+    the float64-certified minimiser, ``Delta = 2K/(N lambda) + 2 tol/lambda``;
+  - ``loss_perturbation``: objective perturbation (App. B.2, Alg. 4 / 5), as
+    Approximate Minima Perturbation certified in float64;
+  - ``dpsgd``: DP-SGD (Sec. 3.1, Eq. 4; delta > 0 only), Poisson sampling with
+    the RDP accountant, per-example clipping of the WHOLE gradient
+    (:func:`jaxdp.training.dpsgd.linear_dpsgd`), no L2 regularisation (Sec. 4.1);
+
+* private PREDICTION (noise calibrated to B answers):
+
+  - ``prediction_sensitivity`` (Sec. 3.2, App. C.1, Alg. 6 / 7);
+  - ``subsample_aggregate`` (App. C.2, Alg. 8) with T teachers on disjoint parts
+    and the exponential mechanism with ``beta = eps/(2B)`` for delta = 0 (the
+    paper's ``eps/B`` is not eps-DP; see :mod:`jaxdp.prediction.subsample_aggregate`)
+    and ``max(eps/(2B), beta'')`` for delta > 0 (Thm. 8).
+
+The calibrations are exactly those of ``experiments/prediction_vs_training.py``
+and ``experiments/accuracy_vs_epsilon.py``, whose helpers this script uses.
+
+Where this differs from the paper's reference code (which we have not read
+into ours; the differences are stated in the issue and checked in our tests):
+subsample-and-aggregate answers are eps-DP (half the paper's ``beta``), DP-SGD
+clips the whole per-example gradient (one norm, as the accountant assumes) and
+samples Poisson batches (as the accountant assumes).
+
+Protocol (Sec. 4.1): hyper-parameters -- lambda (model sensitivity, loss
+perturbation, prediction sensitivity, the teachers of subsample-and-aggregate),
+the clip norm and learning rate of DP-SGD -- are chosen on a held-out part of
+the training set over the config's grids (``val_seeds`` noise draws per
+candidate); then ``num_seeds`` (paper: 100) releases with fresh noise are made
+from the whole training set in one batched call (the non-private parts -- the
+certified minimiser, the teachers' votes -- computed once) and scored on the
+test set: mean and s.d. over the draws. As in the paper, the privacy cost of
+the selection is NOT accounted for; ``--config.account_selection=True``
+instead charges it by basic composition: every candidate tried on the held-out
+split is one more release of the same mechanism, so each release is run at
+``epsilon / (1 + #candidates * val_seeds)`` (and delta likewise), which makes
+the reported total ``(epsilon, delta)`` cover the selection too.
+
+Figures (``configs/tradeoffs.py``): ``fig1`` accuracy vs epsilon (B = 100,
+delta in {0, 1e-5}); ``fig2`` vs B (epsilon = 1); ``fig3`` vs delta; ``fig4`` vs
+N (MNIST subsets: the 1M-image InfiMNIST set of the paper is not available
+offline, so N stops at MNIST's 60,000); ``fig5a`` vs D (PCA); ``fig5b`` vs C
+(the first C digits); ``fig6a`` loss perturbation vs lambda; ``fig6b``
+subsample-and-aggregate vs T.
+
+Output: ``<out_dir>/tradeoffs_<figure>/<dataset>/``: ``points.jsonl`` (every
+finished point appended as it completes; re-running resumes), ``results.csv``,
+``results.json`` and ``<figure>.png`` (the paper's layout: one panel per delta,
+one line per method, shaded +-1 s.d.).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.util
+import math
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app
+from ml_collections import config_flags
+from tqdm import tqdm
+
+from jaxdp import data as jdata
+from jaxdp import prediction as jpred
+from jaxdp import results_io
+from jaxdp.mechanisms import noise_scale_as
+from jaxdp.training import dpsgd as jdpsgd
+
+_HERE = pathlib.Path(__file__).resolve().parent
+CONFIG_FILE = _HERE.parent / "configs" / "tradeoffs.py"
+
+
+def _sibling(name: str):
+  """``experiments/<name>.py`` as a module (experiments are scripts, not a package)."""
+  if name in sys.modules:
+    return sys.modules[name]
+  spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[name] = module
+  spec.loader.exec_module(module)
+  return module
+
+
+_ave = _sibling("accuracy_vs_epsilon")      # certified fits, model sensitivity, loss perturbation
+_pvt = _sibling("prediction_vs_training")   # prediction calibrations and vectorised scoring
+
+TRAINING = ("model_sensitivity", "loss_perturbation", "dpsgd")
+PREDICTION = ("prediction_sensitivity", "subsample_aggregate")
+METHODS = ("non_private",) + TRAINING + PREDICTION
+AXES = ("epsilon", "delta", "budget", "n_train", "pca_dims", "num_classes", "l2_reg",
+        "num_teachers")
+LABELS = dict(non_private="non-private", model_sensitivity="model sensitivity",
+              loss_perturbation="loss perturbation", dpsgd="DP-SGD",
+              prediction_sensitivity="prediction sensitivity",
+              subsample_aggregate="subsample-and-aggregate")
+# Config fields that change a point's result (the grid only selects points).
+RESULT_FIELDS = ("dataset", "l2_regs", "validation_fraction", "num_seeds", "val_seeds",
+                 "max_iter", "tol", "objective_tol", "warm_start", "gaussian_method",
+                 "account_selection", "seed")
+# Fields that take presets[dataset] (else presets["digits"]) when left at these values.
+PRESET_FIELDS = {"axis_values": (), "epsilons": (), "l2_regs": (), "num_teachers": 0, "num_seeds": 0,
+                 "val_seeds": 0, "objective_tol": 0.0}
+# A point: (method, epsilon, delta, budget, n_train, pca_dims, num_classes, l2_reg, num_teachers).
+FIELDS = ("method",) + AXES
+
+
+def _normalise(method, s):
+  """The settings of ``method`` that matter, the others set to a fixed value (shared points)."""
+  s = dict(s)
+  if method == "non_private":
+    s.update(epsilon=math.inf, delta=0.0)
+  if method not in PREDICTION:
+    s["budget"] = 0  # private training is flat in B
+  if method != "subsample_aggregate":
+    s["num_teachers"] = 0
+  if method == "dpsgd":
+    s["l2_reg"] = 0.0  # paper 000 Sec. 4.1: DP-SGD without L2 regularisation
+  return tuple([method] + [s[a] for a in AXES])
+
+
+def resolve_config(config):
+  """A copy of ``config`` with the empty :data:`PRESET_FIELDS` filled from its dataset's preset."""
+  config = copy.deepcopy(config)
+  presets = config.presets.to_dict()
+  preset = presets.get(config.dataset, presets["digits"])
+  with config.unlocked():
+    for field, empty in PRESET_FIELDS.items():
+      value = config[field]
+      if (tuple(value) if isinstance(value, (tuple, list)) else value) == empty:
+        config[field] = tuple(preset[field]) if isinstance(empty, tuple) else preset[field]
+    if not config.dpsgd.epochs:
+      config.dpsgd.epochs = float(preset["dpsgd_epochs"])
+  if config.num_seeds < 1 or config.val_seeds < 1:
+    raise ValueError(f"config.num_seeds and config.val_seeds must be >= 1, got "
+                     f"{config.num_seeds}, {config.val_seeds}.")
+  return config
+
+
+def grid(config) -> list[tuple]:
+  """The figure's points in plotting order (duplicates shared, DP-SGD only for delta > 0)."""
+  unknown = set(config.methods) - set(METHODS)
+  if unknown:
+    raise ValueError(f"config.methods must be a subset of {METHODS}, got {sorted(unknown)}.")
+  if config.axis not in AXES:
+    raise ValueError(f"config.axis must be one of {AXES}, got {config.axis!r}.")
+  base = dict(budget=int(config.budget), n_train=int(config.n_train),
+              pca_dims=int(config.pca_dims), num_classes=int(config.num_classes),
+              l2_reg=float(config.l2_reg), num_teachers=int(config.num_teachers))
+  cast = dict(epsilon=float, delta=float, budget=int, n_train=int, pca_dims=int,
+              num_classes=int, l2_reg=float, num_teachers=int)[config.axis]
+  points = []
+  for method in config.methods:
+    for delta in config.deltas:
+      for eps in config.epsilons:
+        for v in config.axis_values:
+          s = dict(base, epsilon=float(eps), delta=float(delta))
+          s[config.axis] = cast(v)
+          if method == "dpsgd" and s["delta"] == 0.0:
+            continue  # DP-SGD has no delta = 0 analysis (paper 000 Sec. 4.2)
+          points.append(_normalise(method, s))
+  return list(dict.fromkeys(points))
+
+
+class _Problem:
+  """One dataset variant (N, D, C): splits, certified fits and teacher votes, computed once."""
+
+  def __init__(self, config, n_train, pca_dims, num_classes):
+    ds = jdata.load(config.dataset, data_dir=config.data_dir or None, n_train=n_train or None,
+                    seed=config.seed, pca_dims=pca_dims or None,
+                    num_classes=num_classes if num_classes else None, unit_ball="project")
+    x, y = np.asarray(ds.x_train, np.float32), np.asarray(ds.y_train, np.int32)
+    self.num_classes = int(ds.num_classes)
+    perm = np.random.default_rng(config.seed).permutation(len(y))
+    n_val = int(round(config.validation_fraction * len(y)))
+    val, fit = perm[:n_val], perm[n_val:]
+    self.splits = {"fit": (x[fit], y[fit]), "full": (x, y)}
+    self.eval = {"fit": (jnp.asarray(x[val]), jnp.asarray(y[val])),
+                 "full": (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))}
+    self.n = {"fit": len(fit), "full": len(y)}
+    self.num_features = int(x.shape[1])
+    self.fits = _ave._NonPrivateFits(self.splits, self.num_classes, config)  # pylint: disable=protected-access
+    self.config = config
+    self._votes = {}
+
+  def votes(self, split, t, lam, keys):
+    """``(num_eval, C)`` vote counts of ``t`` teachers (lambda ``lam``) on the eval set of ``split``."""
+    if (split, t, lam) not in self._votes:
+      xs, ys = self.splits[split]
+      teachers = jpred.train_linear_teachers(
+          xs, ys, num_teachers=int(t), num_classes=self.num_classes, l2_reg=lam,
+          key=keys.for_("teachers", split, int(t), lam), max_iter=self.config.max_iter,
+          tol=self.config.tol).weights
+      self._votes[split, t, lam] = jpred.linear_teacher_votes(teachers, self.eval[split][0])
+    return self._votes[split, t, lam]
+
+
+def _split_budget(eps, delta, candidates, config):
+  """Per-release (eps, delta): the total, or its share when the selection is accounted."""
+  if not config.account_selection or candidates <= 1 or math.isinf(eps):
+    return eps, delta
+  k = 1 + candidates * config.val_seeds
+  return eps / k, delta / k
+
+
+def _dpsgd_models(keys, prob, split, eps, delta, clip, lr, config):
+  x, y = prob.splits[split]
+  d = config.dpsgd
+  return jdpsgd.linear_dpsgd(
+      keys, x, y, num_classes=prob.num_classes, epsilon=eps, delta=delta, epochs=d.epochs,
+      expected_batch_size=min(float(d.expected_batch_size), len(y) / 10.0), l2_clip_norm=clip,
+      learning_rate=lr, momentum=d.momentum, batch_mode=config.batch_mode).weights
+
+
+def _release_accuracies(method, keys, prob, split, eps, delta, budget, hyper, config, rng_keys):
+  """Accuracies (one per key) on the eval set of ``split`` of ``method`` with ``hyper``."""
+  xe, ye = prob.eval[split]
+  n = prob.n[split]
+  if method == "non_private":
+    return _ave._accuracies(prob.fits(split, hyper["l2_reg"])[None], xe, ye)  # pylint: disable=protected-access
+  if method in ("model_sensitivity", "loss_perturbation"):
+    w = _ave.private_models(method, keys, split, hyper["l2_reg"], eps, delta, splits=prob.splits,
+                            fits=prob.fits, num_classes=prob.num_classes, config=config)
+    return _ave._accuracies(w, xe, ye)  # pylint: disable=protected-access
+  if method == "dpsgd":
+    w = _dpsgd_models(keys, prob, split, eps, delta, hyper["clip"], hyper["lr"], config)
+    return _ave._accuracies(w, xe, ye)  # pylint: disable=protected-access
+  if method == "prediction_sensitivity":
+    noise, scale = _pvt._ps_scale(eps, delta, budget, n, hyper["l2_reg"], config)  # pylint: disable=protected-access
+    logits = xe @ prob.fits(split, hyper["l2_reg"])
+    return _pvt._noisy_logit_accuracies(keys, logits, ye, scale, noise)  # pylint: disable=protected-access
+  if method == "subsample_aggregate":
+    beta = noise_scale_as(jpred.exponential_aggregation_beta(eps, delta, budget), jnp.float32,
+                          round_up=False)
+    votes = prob.votes(split, hyper["num_teachers"], hyper["l2_reg"], rng_keys)
+    return _pvt._aggregation_accuracies(keys, votes, ye, beta)  # pylint: disable=protected-access
+  raise ValueError(f"unknown method {method!r}")
+
+
+def _candidates(method, point, config):
+  """Hyper-parameter candidates of a point (a fixed value on the figure's axis is not tuned)."""
+  s = dict(zip(FIELDS, point))
+  lams = [s["l2_reg"]] if s["l2_reg"] > 0 else [float(v) for v in config.l2_regs]
+  if method == "dpsgd":
+    return [dict(clip=float(c), lr=float(lr)) for c in config.dpsgd.clip_norms
+            for lr in config.dpsgd.learning_rates]
+  if method == "subsample_aggregate":
+    return [dict(num_teachers=s["num_teachers"], l2_reg=lam) for lam in lams]
+  return [dict(l2_reg=lam) for lam in lams]
+
+
+def run_point(point, problem, keys, config) -> dict:
+  """Hyper-parameters chosen on the held-out split, then ``num_seeds`` test-set releases."""
+  start = time.time()
+  s = dict(zip(FIELDS, point))
+  method, eps, delta, budget = s["method"], s["epsilon"], s["delta"], s["budget"]
+  prob = problem(s["n_train"], s["pca_dims"], s["num_classes"])
+  cands = _candidates(method, point, config)
+  eps_r, delta_r = _split_budget(eps, delta, len(cands), config)
+  num_val = 1 if method == "non_private" else config.val_seeds
+  scores = []
+  for i, hyper in enumerate(cands):
+    accs = _release_accuracies(method, keys.for_(*point, "val", i, num=num_val), prob, "fit",
+                               eps_r, delta_r, budget, hyper, config, keys)
+    scores.append(float(jnp.mean(accs)))
+  best = int(np.argmax(scores)) if len(cands) > 1 else 0
+  hyper = cands[best]
+  num = 1 if method == "non_private" else config.num_seeds
+  accs = np.asarray(_release_accuracies(method, keys.for_(*point, "test", num=num), prob, "full",
+                                        eps_r, delta_r, budget, hyper, config, keys), np.float64)
+  row = dict(s, num_classes=prob.num_classes, n_train=prob.n["full"],
+             num_features=prob.num_features, kind=("prediction" if method in PREDICTION
+                                                   else "training"),
+             l2_reg=float(hyper.get("l2_reg", 0.0)), num_teachers=int(hyper.get("num_teachers", 0)),
+             clip_norm=float(hyper.get("clip", 0.0)), learning_rate=float(hyper.get("lr", 0.0)),
+             release_epsilon=float(eps_r), release_delta=float(delta_r),
+             val_accuracy=scores[best] if scores else float("nan"),
+             test_accuracy_mean=float(accs.mean()), test_accuracy_std=float(accs.std()),
+             num_draws=int(accs.size), seconds=time.time() - start)
+  row["point"] = list(point)
+  return row
+
+
+def main(config) -> list[dict]:
+  start = time.time()
+  config = resolve_config(config)
+  points = grid(config)
+  log, out = results_io.open_point_log(config, RESULT_FIELDS,
+                                       extra_settings=dict(dpsgd=config.dpsgd.to_dict()))
+  todo = [p for p in points if p not in log]
+  print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
+        f"already in {out / 'points.jsonl'}", file=sys.stderr)
+  keys = _pvt._Keys(config.seed)  # pylint: disable=protected-access
+  problem = functools.cache(lambda n, d, c: _Problem(config, n, d, c))
+  bar = tqdm(todo, desc=f"{config.name} {config.dataset}")
+  for point in bar:
+    bar.set_postfix_str(f"{point[0]} {config.axis}={dict(zip(FIELDS, point))[config.axis]}")
+    log.append(point, [run_point(point, problem, keys, config)])
+    results_io.write_csv_atomic(out / "results.csv", [log.get(p)[0] for p in points if p in log])
+  rows = [log.get(p)[0] for p in points]
+  elapsed = time.time() - start
+  results_io.write_csv_atomic(out / "results.csv", rows)
+  results_io.write_json_atomic(out / "results.json", dict(
+      config=config.to_dict(), seconds_this_run=elapsed, points_computed_this_run=len(todo),
+      backend=jax.default_backend(), rows=rows))
+  figure = out / f"{config.figure}.png"
+  plot(rows, config, figure)
+  print(f"wrote {out}/results.csv, results.json, {figure.name} ({len(todo)} points computed in "
+        f"{elapsed:.1f} s)")
+  for r in rows:
+    print(f"{r['method']:>22s} ε={r['epsilon']:<6g} δ={r['delta']:<6g} B={r['budget']:<5d} "
+          f"N={r['n_train']:<6d} D={r['num_features']:<4d} C={r['num_classes']:<2d} "
+          f"λ={r['l2_reg']:<7g} T={r['num_teachers']:<4d} acc={r['test_accuracy_mean']:.4f} ± "
+          f"{r['test_accuracy_std']:.4f}")
+  return rows
+
+
+_LOG_AXES = ("epsilon", "delta", "budget", "n_train", "l2_reg", "num_teachers", "pca_dims")
+_AXIS_LABEL = dict(epsilon="privacy loss ε", delta="privacy failure probability δ",
+                   budget="inference budget B", n_train="training set size N",
+                   pca_dims="number of dimensions D (PCA)", num_classes="number of classes C",
+                   l2_reg="L2 regularisation λ", num_teachers="number of teachers T")
+_COLORS = dict(model_sensitivity="C0", loss_perturbation="C1", dpsgd="C2",
+               prediction_sensitivity="C3", subsample_aggregate="C4")
+_ROW_AXIS = dict(n_train="n_train", pca_dims="num_features")  # the value actually used
+
+
+def plot(rows, config, path):
+  """The paper's layout: one panel per delta (columns), one line per method (and epsilon)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+  axis = config.axis
+  panels = [None] if axis == "delta" else [float(d) for d in config.deltas]
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+  xkey = _ROW_AXIS.get(axis, axis)
+  flat_axes = ("epsilon", "delta", "budget")  # non-private does not move along these
+  single_method = len([m for m in config.methods if m != "non_private"]) == 1
+  for ax, delta in zip(axes[0], panels):
+    for method in config.methods:
+      for eps in ([None] if axis == "epsilon" else config.epsilons):
+        rs = [r for r in rows if r["method"] == method
+              and (method == "non_private" or delta is None or r["delta"] == delta)
+              and (method == "non_private" or eps is None or r["epsilon"] == float(eps))]
+        if not rs:
+          continue
+        color = (f"C{list(config.epsilons).index(eps) % 10}" if single_method and eps is not None
+                 else "k" if method == "non_private" else _COLORS[method])
+        label = LABELS[method] + ("" if eps is None or len(config.epsilons) == 1
+                                  or method == "non_private" else f", ε = {eps:g}")
+        if method == "non_private" and axis in flat_axes:
+          ax.axhline(rs[0]["test_accuracy_mean"], color=color, ls=":", label=label)
+          continue
+        if method in TRAINING and axis == "budget":
+          rs = [dict(rs[0], budget=int(b)) for b in config.axis_values]
+        rs = sorted(rs, key=lambda r: r[xkey])
+        xs = np.array([r[xkey] for r in rs], float)
+        mean = np.array([r["test_accuracy_mean"] for r in rs])
+        std = np.array([r["test_accuracy_std"] for r in rs])
+        style = "--" if method in TRAINING and axis == "budget" else "-"
+        ax.plot(xs, mean, style, marker="o", ms=3, label=label, color=color)
+        ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.15)
+    if axis in _LOG_AXES:
+      ax.set_xscale("log")
+    ax.set_xlabel(_AXIS_LABEL[axis])
+    ax.set_ylabel("test accuracy")
+    fixed = {"epsilon": f"ε = {config.epsilons[0]:g}" if axis != "epsilon" and
+             len(config.epsilons) == 1 else "",
+             "delta": "" if delta is None else f"δ = {delta:g}",
+             "budget": "" if axis == "budget" else f"B = {config.budget}"}
+    ax.set_title(f"{config.dataset}: " + ", ".join(v for v in fixed.values() if v), fontsize=10)
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=7)
+  draws = sorted({r["num_draws"] for r in rows if r["method"] != "non_private"})
+  fig.text(0.5, 0.005, f"Paper 000 {config.figure}. Mean test accuracy; bands ±1 s.d. over "
+           f"{'/'.join(map(str, draws)) or '?'} noise draws; hyper-parameters chosen on a held-out "
+           f"split ({'accounted' if config.account_selection else 'not accounted, as in the paper'}).",
+           ha="center", va="bottom", fontsize=7, wrap=True)
+  fig.tight_layout(rect=(0, 0.05, 1, 1))
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", f"{CONFIG_FILE}:fig1", "experiment config")
+  app.run(lambda argv: main(_CONFIG.value) and None)

@@ -1,0 +1,151 @@
+"""Tests of experiments/tradeoffs.py (paper 000 Figs. 1-6) and experiments/cifar_tradeoffs.py (Fig. 7).
+
+Tiny grids on the embedded digits set and on CIFAR-shaped random data (no data dir needed).
+"""
+
+import csv
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+import _repo_modules
+
+_load = _repo_modules.load
+
+
+def _tiny(tmp_path, figure="fig1", **over):
+  config = _load("configs/tradeoffs.py").get_config(figure)
+  config.n_train = 0
+  config.l2_regs = (1e-3, 1e-2)
+  config.num_teachers = 0
+  config.num_seeds = 3
+  config.val_seeds = 1
+  config.dpsgd.clip_norms = (0.5,)
+  config.dpsgd.epochs = 2.0
+  config.out_dir = str(tmp_path)
+  for k, v in over.items():
+    config[k] = v
+  return config
+
+
+def test_fig1_all_five_methods_resumable(tmp_path):
+  experiment = _load("experiments/tradeoffs.py")
+  config = _tiny(tmp_path, axis_values=(10.0,))
+  rows = experiment.main(config)
+  methods = {r["method"] for r in rows}
+  assert methods == {"non_private", "model_sensitivity", "loss_perturbation", "dpsgd",
+                     "prediction_sensitivity", "subsample_aggregate"}
+  # DP-SGD only where delta > 0; every private method at both deltas otherwise.
+  assert [r["delta"] for r in rows if r["method"] == "dpsgd"] == [1e-5]
+  assert sorted(r["delta"] for r in rows if r["method"] == "loss_perturbation") == [0.0, 1e-5]
+  for r in rows:
+    assert 0.0 <= r["test_accuracy_mean"] <= 1.0
+    assert r["num_draws"] == (1 if r["method"] == "non_private" else 3)
+    if r["method"] in ("prediction_sensitivity", "subsample_aggregate"):
+      assert r["budget"] == 100
+    if r["method"] == "subsample_aggregate":
+      assert r["num_teachers"] == 16  # the digits preset
+  nonpriv = [r for r in rows if r["method"] == "non_private"][0]
+  assert nonpriv["test_accuracy_mean"] > 0.9
+  out = tmp_path / "tradeoffs_fig1" / "digits"
+  assert (out / "fig1.png").stat().st_size > 10_000
+  with open(out / "results.csv") as f:
+    assert len(list(csv.DictReader(f))) == len(rows)
+  meta = json.loads((out / "results.json").read_text())
+  assert meta["points_computed_this_run"] == len(rows)
+  # Re-running resumes: nothing is recomputed and the rows are identical.
+  again = experiment.main(config)
+  assert json.loads((out / "results.json").read_text())["points_computed_this_run"] == 0
+  assert [r["test_accuracy_mean"] for r in again] == [r["test_accuracy_mean"] for r in rows]
+
+
+def test_grid_shares_training_points_across_budgets(tmp_path):
+  experiment = _load("experiments/tradeoffs.py")
+  config = experiment.resolve_config(_tiny(tmp_path, figure="fig2", axis_values=(1, 10, 100)))
+  points = experiment.grid(config)
+  by_method = {}
+  for p in points:
+    by_method.setdefault(p[0], []).append(p)
+  assert len(by_method["non_private"]) == 1
+  assert len(by_method["loss_perturbation"]) == 2          # one per delta, flat in B
+  assert len(by_method["dpsgd"]) == 1                      # delta > 0 only
+  assert len(by_method["subsample_aggregate"]) == 2 * 3    # per delta and B
+
+
+def test_fig6a_fixed_lambda_axis_and_fig5b_classes(tmp_path):
+  experiment = _load("experiments/tradeoffs.py")
+  rows = experiment.main(_tiny(tmp_path, figure="fig6a", axis_values=(1e-4, 1e-1),
+                               epsilons=(30.0,)))
+  assert [r["l2_reg"] for r in rows] == [1e-4, 1e-1]   # the axis value is used, not tuned
+  rows = experiment.main(_tiny(tmp_path, figure="fig5b", axis_values=(2,),
+                               methods=("non_private", "model_sensitivity")))
+  assert {r["num_classes"] for r in rows} == {2}
+  assert rows[0]["test_accuracy_mean"] > 0.95  # 0 vs 1 is easy
+
+
+def test_account_selection_divides_the_budget(tmp_path):
+  experiment = _load("experiments/tradeoffs.py")
+  config = _tiny(tmp_path, axis_values=(10.0,), methods=("model_sensitivity",), deltas=(0.0,),
+                 account_selection=True, val_seeds=2)
+  rows = experiment.main(config)
+  # 2 lambdas x 2 validation draws + 1 final release per draw: eps / 5 each.
+  assert rows[0]["release_epsilon"] == pytest.approx(10.0 / 5)
+
+
+def test_bad_axis_and_method_raise(tmp_path):
+  experiment = _load("experiments/tradeoffs.py")
+  with pytest.raises(ValueError, match="methods"):
+    experiment.grid(experiment.resolve_config(_tiny(tmp_path, methods=("magic",))))
+  config = _tiny(tmp_path)
+  config.axis = "momentum"
+  with pytest.raises(ValueError, match="axis"):
+    experiment.grid(experiment.resolve_config(config))
+  with pytest.raises(ValueError, match="figure"):
+    _load("configs/tradeoffs.py").get_config("fig9")
+
+
+def test_cifar_fig7_runs_on_random_cifar_shaped_data(tmp_path):
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  config = _load("configs/tradeoffs_fig7.py").get_config()
+  config.dataset = "random"
+  config.n_train, config.n_test = 64, 16
+  config.dpsgd.epochs = 1.0
+  config.dpsgd.expected_batch_size = 32
+  config.teachers.num_teachers = 2
+  config.teachers.epochs = 1.0
+  config.teachers.batch_size = 16
+  config.epsilons = (2.0,)
+  config.budget_epsilon = 2.0
+  config.budgets = (1, 10)
+  config.num_seeds = 5
+  config.out_dir = str(tmp_path)
+  rows = experiment.main(config)
+  assert [r["method"] for r in rows] == ["dpsgd", "subsample_aggregate", "subsample_aggregate"]
+  dp = rows[0]
+  assert dp["steps"] == 2 and dp["noise_multiplier"] > 0
+  for r in rows:
+    assert 0.0 <= r["test_accuracy_mean"] <= 1.0
+  assert {r["budget"] for r in rows[1:]} == {1, 10}
+  out = tmp_path / "tradeoffs_fig7" / "random_n64"
+  assert (out / "fig7.png").exists() and (out / "results.csv").exists()
+
+
+def test_cifar_augmentation_is_per_example_flip_and_crop():
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  x = np.arange(2 * 32 * 32 * 3, dtype=np.float32).reshape(2, 32, 32, 3)
+  out = np.asarray(experiment.augment(jax.random.key(0), x))
+  assert out.shape == x.shape
+  # Each output is a (possibly flipped) 32x32 window of the zero-padded input: every
+  # non-zero value of an output image comes from the same input image.
+  for i in range(2):
+    vals = set(out[i][out[i] != 0].tolist())
+    assert vals <= set(x[i].ravel().tolist())
+  # Changing one image does not change the augmentation of the other.
+  x2 = x.copy()
+  x2[1] += 1.0
+  out2 = np.asarray(experiment.augment(jax.random.key(0), x2))
+  np.testing.assert_array_equal(out[0], out2[0])
+  assert math.isfinite(float(out.sum()))
