@@ -491,7 +491,7 @@ def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, b
   if batched:
     split = jax.vmap(jax.random.split)(key)  # (M, 2): independent objective / output keys
     obj_keys, out_keys = split[:, 0], split[:, 1]
-    mode = linear.resolve_batch_mode(batch_mode)
+    mode = linear.resolve_batch_mode(batch_mode, shared_data_bytes=xj.size * xj.dtype.itemsize)
     # On a CPU the lax.map runs as one chunk per core, side by side (jaxdp.training.batching).
     model, b = batching.map_in_chunks(
         lambda k: _perturbed_fit_many(k, *args, mode=mode, **kw), obj_keys,

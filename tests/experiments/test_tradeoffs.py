@@ -73,6 +73,19 @@ def test_grid_shares_training_points_across_budgets(tmp_path):
   assert len(by_method["loss_perturbation"]) == 2          # one per delta, flat in B
   assert len(by_method["dpsgd"]) == 1                      # delta > 0 only
   assert len(by_method["subsample_aggregate"]) == 2 * 3    # per delta and B
+  config.methods = ("subsample_aggregate_paper_beta",)
+  assert {p[2] for p in experiment.grid(config)} == {0.0}  # the paper's delta = 0 beta only
+
+
+def test_paper_beta_variant_uses_twice_the_corrected_beta(tmp_path):
+  experiment = _load("experiments/tradeoffs.py")
+  config = _tiny(tmp_path, axis_values=(30.0,), deltas=(0.0,),
+                 methods=("subsample_aggregate", "subsample_aggregate_paper_beta"))
+  config.l2_regs = (1e-2,)
+  rows = experiment.main(config)
+  assert rows[1]["release_epsilon"] == rows[0]["release_epsilon"] == 30.0
+  # Same teachers, beta doubled: the (2 eps)-DP answers are at least as accurate on average.
+  assert rows[1]["test_accuracy_mean"] >= rows[0]["test_accuracy_mean"] - 0.02
 
 
 def test_fig6a_fixed_lambda_axis_and_fig5b_classes(tmp_path):

@@ -194,3 +194,16 @@ def test_private_fit_entry_point_warm_start_and_solver(solver):
   batch = linear.fit_linear_batched(np.stack([x, x]), np.stack([y, y]), num_classes=3,
                                     l2_reg=1e-2, solver=solver, batch_mode="map")
   np.testing.assert_allclose(batch.weights[1], ref, atol=2e-4)
+
+
+def test_auto_batch_mode_vmaps_problems_sharing_a_large_matrix_on_cpu():
+  from jaxdp.training import linear as lin  # pylint: disable=import-outside-toplevel
+  if jax.default_backend() != "cpu":
+    assert lin.resolve_batch_mode("auto", shared_data_bytes=1) == "vmap"
+    return
+  assert lin.resolve_batch_mode("auto") == "map"
+  assert lin.resolve_batch_mode("auto", shared_data_bytes=2 * 2 ** 20) == "map"
+  assert lin.resolve_batch_mode("auto", shared_data_bytes=lin.VMAP_SHARED_DATA_BYTES) == "vmap"
+  assert lin.resolve_batch_mode("map", shared_data_bytes=10 ** 9) == "map"
+  with pytest.raises(ValueError, match="batch_mode"):
+    lin.resolve_batch_mode("loop")
