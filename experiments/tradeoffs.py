@@ -63,7 +63,9 @@ candidate is then scored on exactly B held-out queries, the answers it is calibr
 Figures (``configs/tradeoffs.py``): ``fig1`` accuracy vs epsilon (B = 100,
 delta in {0, 1e-5}); ``fig2`` vs B (epsilon = 1); ``fig3`` vs delta; ``fig4`` vs
 N (MNIST subsets: the 1M-image InfiMNIST set of the paper is not available
-offline, so N stops at MNIST's 60,000); ``fig5a`` vs D (PCA); ``fig5b`` vs C
+offline: beyond MNIST's 60,000 the training set is extended with translated
+copies of its images, :func:`shifted_copies`, labelled "augmented" in the
+results); ``fig5a`` vs D (PCA); ``fig5b`` vs C
 (the first C digits); ``fig6a`` loss perturbation vs lambda; ``fig6b``
 subsample-and-aggregate vs T.
 
@@ -194,14 +196,55 @@ def grid(config) -> list[tuple]:
   return list(dict.fromkeys(points))
 
 
+def shifted_copies(x, y, n_total, seed, side=28, max_shift=2):
+  """``x`` plus ``n_total - len(x)`` translated copies: a stand-in for InfiMNIST (Fig. 4).
+
+  Paper 000 Fig. 4 goes to N = 1M with InfiMNIST (Loosli et al. 2007: elastic
+  deformations and translations of MNIST digits), which is not available
+  offline. Copy ``i`` is training image ``perm[i mod N]`` shifted by a random
+  ``(dy, dx)`` in ``[-max_shift, max_shift]^2`` other than ``(0, 0)``, zero
+  filled (an image of ``side x side`` pixels; row norms can only shrink, so
+  the unit-ball bound still holds). The privacy unit is then one GENERATED
+  image, as in the paper's InfiMNIST runs: one original MNIST image influences
+  up to ``ceil(n_total / N)`` examples (group privacy).
+  """
+  n = len(y)
+  extra = n_total - n
+  if extra <= 0:
+    return x, y
+  if x.shape[1] != side * side:
+    raise ValueError(f"shifted copies need raw {side}x{side} images (pca_dims = 0), got "
+                     f"{x.shape[1]} features.")
+  rng = np.random.default_rng(seed)
+  src = np.resize(rng.permutation(n), extra)
+  shifts = [(dy, dx) for dy in range(-max_shift, max_shift + 1)
+            for dx in range(-max_shift, max_shift + 1) if (dy, dx) != (0, 0)]
+  which = rng.integers(0, len(shifts), size=extra)
+  imgs = x.reshape(n, side, side)
+  pad = np.pad(imgs, ((0, 0), (max_shift, max_shift), (max_shift, max_shift)))
+  out = np.empty((extra, side, side), x.dtype)
+  for k, (dy, dx) in enumerate(shifts):
+    sel = np.flatnonzero(which == k)
+    out[sel] = pad[src[sel], max_shift + dy:max_shift + dy + side,
+                   max_shift + dx:max_shift + dx + side]
+  return (np.concatenate([x, out.reshape(extra, -1)]), np.concatenate([y, y[src]]))
+
+
 class _Problem:
   """One dataset variant (N, D, C): splits, certified fits and teacher votes, computed once."""
 
   def __init__(self, config, n_train, pca_dims, num_classes):
-    ds = jdata.load(config.dataset, data_dir=config.data_dir or None, n_train=n_train or None,
-                    seed=config.seed, pca_dims=pca_dims or None,
-                    num_classes=num_classes if num_classes else None, unit_ball="project")
+    load = lambda n: jdata.load(config.dataset, data_dir=config.data_dir or None, n_train=n,
+                                seed=config.seed, pca_dims=pca_dims or None,
+                                num_classes=num_classes if num_classes else None,
+                                unit_ball="project")
+    ds = load(None)
+    self.augmented = bool(n_train) and n_train > len(ds.y_train)
+    if n_train and not self.augmented:
+      ds = load(n_train)
     x, y = np.asarray(ds.x_train, np.float32), np.asarray(ds.y_train, np.int32)
+    if self.augmented:  # beyond the training set: translated copies (InfiMNIST stand-in)
+      x, y = shifted_copies(x, y, int(n_train), config.seed)
     self.num_classes = int(ds.num_classes)
     perm = np.random.default_rng(config.seed).permutation(len(y))
     n_val = int(round(config.validation_fraction * len(y)))
@@ -305,7 +348,7 @@ def run_point(point, problem, keys, config) -> dict:
   num = 1 if method == "non_private" else config.num_seeds
   accs = np.asarray(_release_accuracies(method, keys.for_(*point, "test", num=num), prob, "full",
                                         eps_r, delta_r, budget, hyper, config, keys), np.float64)
-  row = dict(s, num_classes=prob.num_classes, n_train=prob.n["full"],
+  row = dict(s, num_classes=prob.num_classes, n_train=prob.n["full"], augmented=prob.augmented,
              num_features=prob.num_features, kind=("prediction" if method in PREDICTION
                                                    else "training"),
              l2_reg=float(hyper.get("l2_reg", 0.0)), num_teachers=int(hyper.get("num_teachers", 0)),

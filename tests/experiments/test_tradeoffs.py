@@ -162,3 +162,24 @@ def test_cifar_augmentation_is_per_example_flip_and_crop():
   out2 = np.asarray(experiment.augment(jax.random.key(0), x2))
   np.testing.assert_array_equal(out[0], out2[0])
   assert math.isfinite(float(out.sum()))
+
+
+def test_shifted_copies_extend_the_training_set_with_translations():
+  experiment = _load("experiments/tradeoffs.py")
+  rng = np.random.default_rng(0)
+  x = rng.random((10, 28 * 28)).astype(np.float32)
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  y = np.arange(10, dtype=np.int32)
+  xa, ya = experiment.shifted_copies(x, y, 35, seed=1)
+  assert xa.shape == (35, 784) and ya.shape == (35,)
+  np.testing.assert_array_equal(xa[:10], x)
+  assert np.all(np.linalg.norm(xa, axis=1) <= 1 + 1e-6)   # the unit-ball bound still holds
+  for i in range(10, 35):  # each copy is a shifted original with the same label
+    src = x[ya[i]].reshape(28, 28)
+    img = xa[i].reshape(28, 28)
+    found = any(np.allclose(img[max(0, dy):28 + min(0, dy), max(0, dx):28 + min(0, dx)],
+                            src[max(0, -dy):28 + min(0, -dy), max(0, -dx):28 + min(0, -dx)])
+                for dy in range(-2, 3) for dx in range(-2, 3) if (dy, dx) != (0, 0))
+    assert found and not np.allclose(img, src)
+  with pytest.raises(ValueError, match="raw"):
+    experiment.shifted_copies(x[:, :50], y, 20, seed=0)
