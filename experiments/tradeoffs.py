@@ -361,6 +361,12 @@ def run_point(point, problem, keys, config) -> dict:
   return row
 
 
+def _uniform(rows):
+  """Rows with the same columns (rows logged by older versions may lack newer fields)."""
+  fields = list(dict.fromkeys(k for r in rows for k in r))
+  return [{k: r.get(k, "") for k in fields} for r in rows]
+
+
 def main(config) -> list[dict]:
   start = time.time()
   config = resolve_config(config)
@@ -376,10 +382,11 @@ def main(config) -> list[dict]:
   for point in bar:
     bar.set_postfix_str(f"{point[0]} {config.axis}={dict(zip(FIELDS, point))[config.axis]}")
     log.append(point, [run_point(point, problem, keys, config)])
-    results_io.write_csv_atomic(out / "results.csv", [log.get(p)[0] for p in points if p in log])
+    results_io.write_csv_atomic(out / "results.csv", _uniform([log.get(p)[0] for p in points
+                                                                if p in log]))
   rows = [log.get(p)[0] for p in points]
   elapsed = time.time() - start
-  results_io.write_csv_atomic(out / "results.csv", rows)
+  results_io.write_csv_atomic(out / "results.csv", _uniform(rows))
   results_io.write_json_atomic(out / "results.json", dict(
       config=config.to_dict(), seconds_this_run=elapsed, points_computed_this_run=len(todo),
       backend=jax.default_backend(), rows=rows))
