@@ -103,7 +103,7 @@ def batched_vs_loop(args):
                             expected_batch_size=kw["expected_batch_size"], target_epsilon=1.0,
                             l2_clip_norm=0.5, optimizer=optax.sgd(1.0, momentum=0.9))
     return res.params
-  flax_run(-1)
+  flax_run(k)  # compile (a key of its own)
   t_loop = sum(_timed(lambda i=i: flax_run(i))[1] for i in range(k))
   out.update(dpsgd_batched_seconds=round(t_batched, 3),
              dpsgd_train_dpsgd_seconds_extrapolated=round(t_loop / k * m, 3),
