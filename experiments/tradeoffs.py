@@ -238,10 +238,14 @@ class _Problem:
                                 seed=config.seed, pca_dims=pca_dims or None,
                                 num_classes=num_classes if num_classes else None,
                                 unit_ball="project")
-    ds = load(None)
-    self.augmented = bool(n_train) and n_train > len(ds.y_train)
-    if n_train and not self.augmented:
-      ds = load(n_train)
+    self.augmented = False
+    try:
+      ds = load(n_train or None)
+    except ValueError:  # n_train larger than the training set: the InfiMNIST stand-in below
+      ds = load(None)
+      if not n_train > len(ds.y_train):
+        raise
+      self.augmented = True
     x, y = np.asarray(ds.x_train, np.float32), np.asarray(ds.y_train, np.int32)
     if self.augmented:  # beyond the training set: translated copies (InfiMNIST stand-in)
       x, y = shifted_copies(x, y, int(n_train), config.seed)

@@ -139,7 +139,11 @@ def _safe_clip(clip: float, leaves: Sequence[Any]) -> float:
   r = _UNIT_ROUNDOFF
   levels = max(_reduction_levels(math.prod(x.shape)) for x in leaves)
   e = 1 + levels * (_BLOCK - 1) + (len(leaves) - 1)
-  target = clip * (1.0 - r) ** (e / 2.0 + 1.0) / (1.0 + r) ** 2 * (1.0 - 1e-15)
+  return float32_at_most(clip * (1.0 - r) ** (e / 2.0 + 1.0) / (1.0 + r) ** 2 * (1.0 - 1e-15))
+
+
+def float32_at_most(target: float) -> float:
+  """The float32 nearest to ``target`` that does not exceed it (round down if needed)."""
   out = np.float32(target)
   if float(out) > target:
     out = np.nextafter(out, np.float32(0.0))

@@ -52,15 +52,11 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting, events
 from jaxdp.training import batching, linear
-from jaxdp.training.dpsgd import sampling
-
-_UNIT_ROUNDOFF = 2.0 ** -24
-
+from jaxdp.training.dpsgd import clipping, sampling
 
 class LinearDPSGDResult(NamedTuple):
   """Output of :func:`linear_dpsgd`.
@@ -93,12 +89,10 @@ def safe_clip_norm(clip: float, num_features: int, num_classes: int) -> float:
 
   ``clip (1 - u)^((D + C)/2 + 3) / (1 + u)^2`` (``u = 2^-24``), rounded down to float32.
   """
-  u = _UNIT_ROUNDOFF
-  target = clip * (1.0 - u) ** ((num_features + num_classes) / 2.0 + 3.0) / (1.0 + u) ** 2
-  out = np.float32(target * (1.0 - 1e-15))
-  if float(out) > target:
-    out = np.nextafter(out, np.float32(0.0))
-  return float(out)
+  u = clipping._UNIT_ROUNDOFF  # pylint: disable=protected-access
+  return clipping.float32_at_most(
+      clip * (1.0 - u) ** ((num_features + num_classes) / 2.0 + 3.0) / (1.0 + u) ** 2
+      * (1.0 - 1e-15))
 
 
 def _clipped_chunk_sum(w, x, y, csum, count, chunk, padded, safe_clip, num_classes):
