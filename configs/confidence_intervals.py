@@ -11,8 +11,9 @@ is ``theta_0``), and the variability interval (quantiles of the replicates' priv
 ``theta~``) for the same cells.
 
 Default (``--config.preset=quick``): Adult, logistic regression, the four variants, both
-floors, ``n in {5000, 30162}``, ``d in {5, 10}``, 100 replicates, ``m = 2000`` Monte Carlo
-draws, plus a small budget-split study (Table 2) -- a few minutes on two busy cores.
+floors, ``n in {5000, 30162}``, ``d in {5, 10}``, 100 replicates, exact quantiles
+(``--config.quantiles=monte_carlo`` for the paper's ``m`` draws: 2,000 here), plus a small
+budget-split study (Table 2) -- a few minutes on two busy cores.
 ``--config.preset=full``: both losses, ``n`` from 1,000 to 30,162, ``d in {1, 5, 10}``,
 1,000 replicates (the paper's ``k``), ``m = 10,000``, the full split study.
 Fields left at their empty value take the preset's.
@@ -43,7 +44,8 @@ def get_config():
   c.ns = ()
   c.ds = ()
   c.replicates = 0
-  c.num_samples = 0
+  c.quantiles = "exact"  # "exact" (default; no Monte Carlo error) or "monte_carlo" (the paper)
+  c.num_samples = 0  # Monte Carlo draws m (quantiles="monte_carlo" only)
   c.epsilon = 1.0  # total budget of the pure-DP variants (paper Sec. 7: eps = 1)
   c.rho = 0.5  # total budget of the zCDP variants (rho = eps^2 / 2)
   c.l2_reg = 0.002  # = 2c, paper c = 0.001

@@ -43,8 +43,8 @@ from jaxdp.data import normalize_rows
 from jaxdp.inference import confidence_intervals, confidence_intervals_batched
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "confidence_intervals.py"
-RESULT_FIELDS = ("dataset", "epsilon", "rho", "l2_reg", "h", "alpha", "replicates", "num_samples",
-                 "seed", "pool_size")
+RESULT_FIELDS = ("dataset", "epsilon", "rho", "l2_reg", "h", "alpha", "replicates", "quantiles",
+                 "num_samples", "seed", "pool_size")
 _CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE))
 
 
@@ -91,7 +91,8 @@ def run_cell(config, x, y, theta0, *, loss, variant, floor, n, fractions, key):
   t0 = time.perf_counter()
   out, cal = confidence_intervals_batched(
       keys, x, y, budget=budget, counts=counts, loss=loss, perturbation=pert, privacy=priv,
-      l2_reg=config.l2_reg, h=config.h, alpha=config.alpha, num_samples=config.num_samples,
+      l2_reg=config.l2_reg, h=config.h, alpha=config.alpha, quantiles=config.quantiles,
+      num_samples=config.num_samples,
       floor=floor, fractions=fractions, chunk_size=config.chunk_size)
   secs = time.perf_counter() - t0
   inside = (out.lower <= theta0) & (theta0 <= out.upper)

