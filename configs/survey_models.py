@@ -33,6 +33,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.num_clusters = 5
   config.kmeans_iterations = 3
   config.kmeans_method = "lloyd"        # "lloyd" | "sample_aggregate"
+  # diffprivlib's KMeans is add/remove DP (count sensitivity 1, sum sensitivity u - l per
+  # coordinate): jaxdp is run under the same relation for the comparison.
+  config.kmeans_neighbouring = "add_remove"
+  # diffprivlib 0.6.6's KMeans spends (1 + d c)/(d + c) times its nominal epsilon (c = cbrt(4 d
+  # 0.225^2); its two budget shares are unpacked swapped). True: call it with epsilon divided by
+  # that factor, so both libraries SPEND the epsilon of the row; False: the same nominal epsilon.
+  config.kmeans_equal_spend = True
+  config.kmeans_num_seeds = 10          # k-means costs vary more across fits than accuracies
   # PCA (MNIST rows scaled by 1/28 so ||x||_2 <= 1; uncentred second moment).
   config.pca_components = 10
   config.pca_delta = 1e-5               # Analyze-Gauss delta (the Laplace variant is pure DP)

@@ -5,8 +5,13 @@ both needing declared per-feature bounds ``[l_j, u_j]`` (a missing bound is an
 error; out-of-bound values raise unless ``clip=True``).
 
 **DP-Lloyd** (Blum, Dwork, McSherry, Nissim 2005, "SuLQ", Sec. 5; the
-per-iteration release of Su et al. 2016). Initial centroids are drawn
-uniformly in the box (data-independent) or given (public). Each of ``T``
+per-iteration release of Su et al. 2016). Initial centroids are data-independent:
+by default uniform in the central half of the box, ``[l + (u-l)/4, u - (u-l)/4]``
+(``init="central"``; like the sphere-packing initialisation of Su et al. 2016,
+which places the centres at least a quarter range inside the box: data on the
+faces of a box of one-hot or scaled features are closer to its centre than to
+random corners), uniform in the whole box (``init="uniform"``), or given
+(public). Each of ``T``
 iterations assigns points to their nearest current centroid and releases, for
 *every* cluster ``k`` (empty ones included, so an empty cluster is not a
 noiseless signal):
@@ -20,7 +25,13 @@ With the per-iteration budget ``epsilon_t = epsilon / T`` split as
 ``Lap(Delta_count / (f epsilon_t))`` and ``Lap(Delta_sum / ((1-f) epsilon_t))``
 with ``Delta = B`` (add/remove) or ``2B`` (replace-one), ``B = 1`` and
 ``R_1``. Basic composition (Dwork & Roth Thm. 3.16) over the two releases and
-the ``T`` iterations gives exactly ``epsilon``. The new centroid is
+the ``T`` iterations gives exactly ``epsilon``. The split ``f`` is any public
+number in (0, 1); the default ``"auto"`` is Su et al. (2016, Sec. 4.2)'s
+``epsilon_sum / epsilon_count = cbrt(4 d rho^2)``, ``rho = 0.225``, i.e.
+``f = 1 / (1 + cbrt(4 d rho^2))`` (0.31 at ``d = 51``): the centroid
+``S_k / n_k`` is more sensitive to the ``d`` noisy sum coordinates than to the
+one noisy count, so the sums get more of the budget (diffprivlib intends the
+same split but swaps the two shares). The new centroid is
 ``m + S~_k / n~_k`` clipped to the box, kept at its previous value when
 ``n~_k < 1`` (post-processing). (diffprivlib 0.6.6 spends
 ``eps (1 + d cbrt(4 d rho^2))``-style shares per iteration and skips empty
@@ -73,17 +84,35 @@ class LloydCalibration(NamedTuple):
   neighbouring: str
 
 
+SU_RHO = 0.225
+"""Su et al. (2016)'s coordinate normalisation constant of the count/sum budget split."""
+
+
+def auto_count_fraction(dim: int, rho: float = SU_RHO) -> float:
+  """Su et al. (2016)'s share of an iteration's budget for the counts: ``1/(1 + cbrt(4 d rho^2))``."""
+  return 1.0 / (1.0 + float(np.cbrt(4.0 * dim * rho ** 2)))
+
+
 def lloyd_calibration(*, lower: Any, upper: Any, epsilon: float, iterations: int,
-                      count_fraction: float = 0.5,
+                      count_fraction: Any = "auto",
                       neighbouring: str = "replace_one") -> LloydCalibration:
-  """Noise scales of DP-Lloyd (module docstring); ``epsilon = inf`` gives zero noise."""
+  """Noise scales of DP-Lloyd (module docstring); ``epsilon = inf`` gives zero noise.
+
+  ``count_fraction``: the counts' share of each iteration's budget, in (0, 1), or ``"auto"``
+  (:func:`auto_count_fraction` of the dimension of the bounds).
+  """
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   t = _validation.check_positive_int(iterations, "iterations")
+  lo, hi = np.atleast_1d(np.asarray(lower, np.float64)), np.atleast_1d(np.asarray(upper, np.float64))
+  if isinstance(count_fraction, str):
+    if count_fraction != "auto":
+      raise ValueError(f"count_fraction must be a number in (0, 1) or 'auto', got "
+                       f"{count_fraction!r}.")
+    count_fraction = auto_count_fraction(lo.shape[0])
   f = _validation._as_float(count_fraction, "count_fraction")
   if not 0.0 < f < 1.0:
     raise ValueError(f"count_fraction must lie in (0, 1), got {count_fraction!r}.")
   rel = _common.check_relation(neighbouring)
-  lo, hi = np.atleast_1d(np.asarray(lower, np.float64)), np.atleast_1d(np.asarray(upper, np.float64))
   r1 = float(np.sum(hi - lo) / 2.0)
   d_count = _common.sum_sensitivity(1.0, rel)
   d_sum = _common.sum_sensitivity(r1, rel)
@@ -152,13 +181,18 @@ def _dp_lloyd_core(key, x, init, lo, hi, *, iterations, count_scale, sum_scale):
   return c
 
 
-def _uniform_init(key, k, lo, hi):
+INITS = ("central", "uniform")
+
+
+def _uniform_init(key, k, lo, hi, inset=0.0):
+  """``k`` points uniform in ``[lo + inset (hi - lo), hi - inset (hi - lo)]`` (data-independent)."""
   u = jax.random.uniform(key, (k, lo.shape[0]), jnp.float32)
-  return jnp.asarray(lo, jnp.float32) + u * jnp.asarray(hi - lo, jnp.float32)
+  width = jnp.asarray(hi - lo, jnp.float32)
+  return jnp.asarray(lo, jnp.float32) + width * (inset + u * (1.0 - 2.0 * inset))
 
 
 def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower: Any,
-             upper: Any, iterations: int = 5, count_fraction: float = 0.5, init: Any = None,
+             upper: Any, iterations: int = 5, count_fraction: Any = "auto", init: Any = "central",
              clip: bool = False, neighbouring: str = "replace_one",
              accountant: Any = None) -> tuple[np.ndarray, events.DpEvent]:
   """``epsilon``-DP Lloyd's algorithm (module docstring).
@@ -170,8 +204,10 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
     epsilon: total privacy parameter, ``epsilon / iterations`` per iteration.
     lower, upper: declared bounds (required).
     iterations: ``T``.
-    count_fraction: share of each iteration's budget spent on the counts.
-    init: PUBLIC initial centroids ``(K, d)``; None draws them uniformly in the box.
+    count_fraction: share of each iteration's budget spent on the counts, or ``"auto"``
+      (Su et al. 2016; :func:`auto_count_fraction`).
+    init: ``"central"`` (uniform in the central half of the box), ``"uniform"`` (in the
+      whole box), or PUBLIC initial centroids ``(K, d)``.
     clip: clip out-of-bound values instead of raising.
     neighbouring: ``"replace_one"`` or ``"add_remove"``.
     accountant: optional accountant/budget, spent before release.
@@ -187,8 +223,10 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
   event = lloyd_event(cal)
   _common.spend(accountant, event)
   k_init, k_run = jax.random.split(key)
-  if init is None:
-    c0 = _uniform_init(k_init, k, lo, hi)
+  if init is None or isinstance(init, str):
+    if init is not None and init not in INITS:
+      raise ValueError(f"init must be one of {INITS} or a (K, d) array, got {init!r}.")
+    c0 = _uniform_init(k_init, k, lo, hi, inset=0.0 if init == "uniform" else 0.25)
   else:
     c0 = _validation.check_finite_array(init, "init")
     if c0.shape != (k, arr.shape[1]):
@@ -280,11 +318,12 @@ class PrivateKMeans:
   ``fit`` draws a fresh key per call (``seed`` + counter) and spends the event
   on ``accountant`` before releasing; ``cluster_centers_``, ``predict``,
   ``score`` (negative cost, as scikit-learn) and ``inertia`` are available.
+  ``count_fraction``, ``init`` and ``neighbouring`` are those of :func:`dp_lloyd`.
   """
 
   def __init__(self, *, n_clusters: int, epsilon: float, lower: Any = None, upper: Any = None,
                method: str = "lloyd", iterations: int | None = None, num_blocks: int = 50,
-               count_fraction: float = 0.5, clip: bool = False,
+               count_fraction: Any = "auto", init: Any = "central", clip: bool = False,
                neighbouring: str = "replace_one", accountant: Any = None, seed: int = 0):
     if method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
@@ -293,6 +332,7 @@ class PrivateKMeans:
     self.lower, self.upper, self.method = lower, upper, method
     self.iterations = iterations if iterations is not None else (5 if method == "lloyd" else 20)
     self.num_blocks, self.count_fraction, self.clip = num_blocks, count_fraction, clip
+    self.init = init
     self.neighbouring = _common.check_relation(neighbouring)
     self.accountant, self.seed = accountant, seed
     self._fits = 0
@@ -304,7 +344,7 @@ class PrivateKMeans:
     if self.method == "lloyd":
       c, ev = dp_lloyd(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,
                        lower=self.lower, upper=self.upper, iterations=self.iterations,
-                       count_fraction=self.count_fraction, clip=self.clip,
+                       count_fraction=self.count_fraction, init=self.init, clip=self.clip,
                        neighbouring=self.neighbouring, accountant=self.accountant)
     else:
       c, ev = sample_aggregate_kmeans(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,

@@ -32,9 +32,38 @@ def test_per_iteration_spend_never_exceeds_eps_over_t(iterations, dim):
   total = PrivacyAccountant()
   total.spend(km.lloyd_event(cal))
   assert total.pure_epsilon() == pytest.approx(eps)
-  # Scales from the formulas: Delta_count = 2, Delta_sum = 2 * sum(u - l)/2 = d (replace-one).
-  assert cal.count_scale == pytest.approx(2.0 / (0.5 * eps / iterations))
-  assert cal.sum_scale == pytest.approx(dim / (0.5 * eps / iterations))
+  # Scales from the formulas: Delta_count = 2, Delta_sum = 2 * sum(u - l)/2 = d (replace-one),
+  # and the default split f = 1/(1 + cbrt(4 d 0.225^2)) (Su et al. 2016).
+  f = 1.0 / (1.0 + np.cbrt(4 * dim * 0.225 ** 2))
+  assert cal.count_epsilon == pytest.approx(f * eps / iterations)
+  assert cal.count_scale == pytest.approx(2.0 / (f * eps / iterations))
+  assert cal.sum_scale == pytest.approx(dim / ((1 - f) * eps / iterations))
+  half = km.lloyd_calibration(lower=np.zeros(dim), upper=np.ones(dim), epsilon=eps,
+                              iterations=iterations, count_fraction=0.5)
+  assert half.sum_scale == pytest.approx(dim / (0.5 * eps / iterations))
+
+
+def test_initialisations_are_data_independent_and_inside_the_box():
+  lo, hi = np.array([0.0, -2.0, 10.0]), np.array([1.0, 2.0, 30.0])
+  key = jax.random.key(3)
+  central = np.asarray(km._uniform_init(key, 200, lo, hi, inset=0.25))
+  whole = np.asarray(km._uniform_init(key, 200, lo, hi))
+  q = lo + (hi - lo) / 4
+  assert np.all(central >= q - 1e-5) and np.all(central <= hi - (hi - lo) / 4 + 1e-5)
+  assert np.all(whole >= lo) and np.all(whole <= hi)
+  assert np.any(whole < q)  # the whole-box draw does leave the central half
+  x = np.random.default_rng(0).random((50, 3)) * (hi - lo) + lo
+  with pytest.raises(ValueError, match="init"):
+    km.dp_lloyd(key, x, num_clusters=2, epsilon=1.0, lower=lo, upper=hi, init="kmeans++")
+
+
+def test_auto_count_fraction():
+  assert km.auto_count_fraction(51) == pytest.approx(1 / (1 + (4 * 51 * 0.225 ** 2) ** (1 / 3)))
+  assert 0.3 < km.auto_count_fraction(51) < 0.32
+  # The sums get more of the budget as d grows; scalar bounds use the data's d.
+  assert km.auto_count_fraction(784) < km.auto_count_fraction(10) < km.auto_count_fraction(1)
+  with pytest.raises(ValueError, match="count_fraction"):
+    km.lloyd_calibration(lower=0, upper=1, epsilon=1.0, iterations=2, count_fraction="su")
 
 
 def test_add_remove_halves_the_sensitivities():
