@@ -150,10 +150,16 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
     theta0 = jax.scipy.linalg.cho_solve(jax.scipy.linalg.cho_factor(h_quad, lower=True), rhs)
   else:
     theta0 = jnp.zeros((x.shape[1],), dtype)
-  u0 = x @ theta0
-  if init_hessian is None:
+  if init is None and loss == "logistic":
+    # At theta = 0 every margin is 0: f'(0) = -1/2, f''(0) = 1/4 (no margin pass, no sigmoid).
+    u0 = jnp.zeros((x.shape[0],), dtype)
+    g0 = xt @ wy * (-0.5 / n) + linear_term
+    h0 = hessian(jnp.full((x.shape[0],), 0.25, dtype))
+  elif init_hessian is None:
+    u0 = x @ theta0
     g0, h0 = derivs(theta0, u0, 0)
   else:
+    u0 = x @ theta0
     g0 = xt @ (wy * sensitivities.loss_derivatives(y * u0, loss, h)[0]) / n + (
         l2_total * theta0 + linear_term)
     h0 = jnp.asarray(init_hessian, dtype)
