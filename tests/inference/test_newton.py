@@ -58,3 +58,31 @@ def test_chord_first_step_and_cold_starts_reach_the_minimiser(loss):
     g, _ = newton.grad_and_hessian(chord.theta, xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin),
                                    loss=loss, h=0.5)
     assert float(jnp.linalg.norm(g)) <= 1e-11
+
+
+def test_logistic_trapezoid_bound_used_for_step_acceptance_holds():
+  """J(theta + s) - J(theta) <= (phi'(0) + phi'(1))/2 + max|x.s|^3 / (6 sqrt 3) / 12."""
+  rng = np.random.default_rng(5)
+  n, d = 500, 4
+  x = rng.normal(size=(n, d))
+  x /= np.maximum(1.0, np.linalg.norm(x, axis=1, keepdims=True))
+  y = np.where(rng.random(n) < 0.5, 1.0, -1.0)
+  w = rng.integers(0, 3, size=n).astype(float)
+  worst, worst_no_cube = -np.inf, -np.inf
+  with jax.enable_x64(True):
+    lin = jnp.asarray(1e-3 * rng.normal(size=d))
+    args = (jnp.asarray(x), jnp.asarray(y), jnp.asarray(w), 0.01, lin)
+    for scale in (0.1, 1.0, 3.0, 10.0):
+      for _ in range(20):
+        theta, step = rng.normal(size=d), scale * rng.normal(size=d)
+        j0 = float(newton.objective(jnp.asarray(theta), *args, loss="logistic", h=0.5))
+        j1 = float(newton.objective(jnp.asarray(theta + step), *args, loss="logistic", h=0.5))
+        g0, _ = newton.grad_and_hessian(jnp.asarray(theta), *args, loss="logistic", h=0.5)
+        g1, _ = newton.grad_and_hessian(jnp.asarray(theta + step), *args, loss="logistic", h=0.5)
+        trapezoid = 0.5 * float(g0 @ step + g1 @ step)
+        bound = trapezoid + np.max(np.abs(x @ step)) ** 3 / (6 * np.sqrt(3)) / 12
+        worst = max(worst, (j1 - j0) - bound)
+        worst_no_cube = max(worst_no_cube, (j1 - j0) - trapezoid)
+  assert worst <= 1e-12
+  # The cubic term is needed: the trapezoid value alone is exceeded somewhere.
+  assert worst_no_cube > 0
