@@ -101,7 +101,7 @@ def _fit(est, *args):
   return est
 
 
-def diffprivlib_kmeans_spend_factor(dim: int, rho: float = 0.225) -> float:
+def diffprivlib_kmeans_spend_factor(dim: int, rho: float = classic.kmeans.SU_RHO) -> float:
   """What diffprivlib 0.6.6's ``KMeans`` really spends per unit of its nominal epsilon.
 
   ``KMeans._split_epsilon`` returns ``(eps_dim, eps_count) = (N, c N)``, ``N = eps/T/(d + c)``,

@@ -89,7 +89,7 @@ SU_RHO = 0.225
 
 
 def auto_count_fraction(dim: int, rho: float = SU_RHO) -> float:
-  """Su et al. (2016)'s share of an iteration's budget for the counts: ``1/(1 + cbrt(4 d rho^2))``."""
+  """Su et al. (2016)'s counts' share of an iteration's budget: ``1/(1 + cbrt(4 d rho^2))``."""
   return 1.0 / (1.0 + float(np.cbrt(4.0 * dim * rho ** 2)))
 
 
@@ -103,7 +103,8 @@ def lloyd_calibration(*, lower: Any, upper: Any, epsilon: float, iterations: int
   """
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   t = _validation.check_positive_int(iterations, "iterations")
-  lo, hi = np.atleast_1d(np.asarray(lower, np.float64)), np.atleast_1d(np.asarray(upper, np.float64))
+  lo = np.atleast_1d(np.asarray(lower, np.float64))
+  hi = np.atleast_1d(np.asarray(upper, np.float64))
   if isinstance(count_fraction, str):
     if count_fraction != "auto":
       raise ValueError(f"count_fraction must be a number in (0, 1) or 'auto', got "

@@ -63,7 +63,7 @@ DEFAULT_NODES = 24
 
 @functools.lru_cache(maxsize=64)
 def chi2_rule(dof: int, num_nodes: int = DEFAULT_NODES) -> tuple[np.ndarray, np.ndarray]:
-  """Nodes ``v_i`` and weights ``w_i`` (sum 1) with ``E f(V) ≈ sum_i w_i f(v_i)``, ``V ~ chi^2_dof``.
+  """Nodes ``v_i``, weights ``w_i`` (sum 1): ``E f(V) ≈ sum_i w_i f(v_i)``, ``V ~ chi^2_dof``.
 
   Generalised Gauss-Laguerre for ``U = V/2 ~ Gamma(dof/2, 1)``, computed in float64 on the
   host (exact for polynomials of degree ``< 2 num_nodes`` in ``V``).

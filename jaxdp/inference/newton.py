@@ -14,8 +14,8 @@ Globalisation: the full Newton step ``-H^{-1} g`` is accepted when ``J`` provabl
 along it (the directional derivative at its end is ``<= 0``: no objective evaluation, the
 float64 loss being the costliest elementwise work) or when it passes the Armijo test;
 otherwise backtracking (Armijo, ``c1 = 1e-4``, halving) on that direction, a descent
-direction since ``H >= Lambda I``. The Huber loss is only piecewise twice differentiable; its generalised
-Hessian (``1/(2h)`` on ``|1 - z| <= h``) is used.
+direction since ``H >= Lambda I``. The Huber loss is only piecewise twice differentiable;
+its generalised Hessian (``1/(2h)`` on ``|1 - z| <= h``) is used.
 
 Run it in float64 (``with jax.enable_x64(True)``): the privacy proofs are about the exact
 minimiser, and :mod:`jaxdp.inference.intervals` certifies the result with the
@@ -72,6 +72,7 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
                     x_hessian: jax.Array | None = None,
                     init: jax.Array | None = None,
                     xt: jax.Array | None = None,
+                    xt_hessian: jax.Array | None = None,
                     init_hessian: jax.Array | None = None) -> NewtonResult:
   """Damped Newton from ``init`` (default 0) until ``||grad J|| <= grad_tol`` or ``max_iter`` steps.
 
@@ -83,11 +84,12 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
   is ``<= 0`` (then, ``J`` being convex along the step, ``J`` decreased; no loss
   evaluation), for the logistic loss when the trapezoid bound on ``J(full) - J(theta)`` from
   the two directional derivatives and ``|f'''| <= 1/(6 sqrt 3)`` already passes the Armijo
-  test (no loss evaluation either), or when it passes the Armijo test; this costs the passes the next iteration
-  needs anyway: ``X theta``, ``X^T f'`` for the gradient and ``X^T diag(f'') X`` for the
-  Hessian. Otherwise the step is damped by Armijo backtracking on ``J`` (``c1 = 1e-4``,
-  halving), one more pass and a float64 loss evaluation per trial. Every accepted step
-  decreases ``J``. Only the float64 certificate of the final point enters any guarantee.
+  test (no loss evaluation either), or when it passes the Armijo test; this costs the
+  passes the next iteration needs anyway: ``X theta``, ``X^T f'`` for the gradient and
+  ``X^T diag(f'') X`` for the Hessian. Otherwise the step is damped by Armijo backtracking
+  on ``J`` (``c1 = 1e-4``, halving), one more pass and a float64 loss evaluation per trial.
+  Every accepted step decreases ``J``. Only the float64 certificate of the final point
+  enters any guarantee.
 
   ``X^T`` is materialised once per solve (XLA:CPU runs a dot that contracts ``X``'s leading
   axis about 4x slower than the same product with ``X^T`` in memory). The Hessian only sets
@@ -109,7 +111,8 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
       keeps the guarantees of :mod:`jaxdp.inference.intervals`: they rest on the float64
       certificate of the returned point only (the argument of
       :mod:`jaxdp.training.objective_perturbation`, "Warm starts").
-    xt: ``X^T`` if the caller has it in memory (default: materialised here).
+    xt, xt_hessian: ``X^T`` and ``x_hessian^T`` if the caller has them in memory (default:
+      materialised here).
     init_hessian: a ``(d, d)`` Hessian (or any SPD approximation of it) for the first step
       from ``init``, saving that Hessian's pass: e.g. the Hessian of the unweighted problem
       at a warm start shared by many bootstrap replicates (the first step is then a chord
@@ -119,7 +122,10 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
   xh = x if x_hessian is None else x_hessian
   if xt is None:
     xt = jax.lax.optimization_barrier(jnp.transpose(x))
-  xht = xt if x_hessian is None else jax.lax.optimization_barrier(jnp.transpose(xh))
+  if xt_hessian is not None:
+    xht = xt_hessian
+  else:
+    xht = xt if x_hessian is None else jax.lax.optimization_barrier(jnp.transpose(xh))
   n = jnp.sum(w)
   wy = w * y
   wh = (w / n).astype(xh.dtype)
@@ -134,9 +140,12 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
   def hessian(d2):
     return (xht @ (xh * (wh * d2.astype(xh.dtype))[:, None])).astype(dtype) + eye
 
+  def gradient(theta, d1):
+    return xt @ (wy * d1) / n + l2_total * theta + linear_term
+
   def derivs(theta, u, k):
     d1, d2 = sensitivities.loss_derivatives(y * u, loss, h)
-    g = xt @ (wy * d1) / n + l2_total * theta + linear_term
+    g = gradient(theta, d1)
     # The Hessian (the costliest pass) only if another step follows.
     more = (jnp.linalg.norm(g) > grad_tol) & (k < max_iter)
     return g, jax.lax.cond(more, hessian, lambda _: eye, d2)
@@ -155,15 +164,14 @@ def newton_minimize(x: jax.Array, y: jax.Array, w: jax.Array, l2_total: Any,
   if init is None and loss == "logistic":
     # At theta = 0 every margin is 0: f'(0) = -1/2, f''(0) = 1/4 (no margin pass, no sigmoid).
     u0 = jnp.zeros((x.shape[0],), dtype)
-    g0 = xt @ wy * (-0.5 / n) + linear_term
+    g0 = gradient(theta0, jnp.full((x.shape[0],), -0.5, dtype))
     h0 = hessian(jnp.full((x.shape[0],), 0.25, dtype))
   elif init_hessian is None:
     u0 = x @ theta0
     g0, h0 = derivs(theta0, u0, 0)
   else:
     u0 = x @ theta0
-    g0 = xt @ (wy * sensitivities.loss_derivatives(y * u0, loss, h)[0]) / n + (
-        l2_total * theta0 + linear_term)
+    g0 = gradient(theta0, sensitivities.loss_derivatives(y * u0, loss, h)[0])
     h0 = jnp.asarray(init_hessian, dtype)
 
   def cond(state):
