@@ -141,14 +141,17 @@ warnings.filterwarnings("ignore")
 import numpy as np, torch, torch.nn as nn
 import opacus
 from opacus import PrivacyEngine
-folder, z, clip, batch, steps, lr, mom, threads = sys.argv[1:9]
-torch.set_num_threads(int(threads)); torch.manual_seed(0)
+folder, z, clip, batch, steps, lr, mom, threads, device = sys.argv[1:10]
+torch.set_num_threads(int(threads)); torch.manual_seed(0); device = torch.device(device)
+def sync():
+  if device.type == "cuda":
+    torch.cuda.synchronize()
 x = torch.from_numpy(np.load(folder + "/x.npy")); y = torch.from_numpy(np.load(folder + "/y.npy"))
 xt = torch.from_numpy(np.load(folder + "/xt.npy")); yt = np.load(folder + "/yt.npy")
 n = len(y); batch, steps = float(batch), int(steps)
 out = {"torch": torch.__version__, "opacus": opacus.__version__}
 for mode in ("hooks", "ghost"):
-  model = nn.Linear(x.shape[1], 10, bias=False); nn.init.zeros_(model.weight)
+  model = nn.Linear(x.shape[1], 10, bias=False).to(device); nn.init.zeros_(model.weight)
   loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
                                        batch_size=int(round(batch)))
   opt = torch.optim.SGD(model.parameters(), lr=float(lr), momentum=float(mom))
@@ -160,15 +163,16 @@ for mode in ("hooks", "ghost"):
     m, o, crit, dl = made
   else:
     (m, o, dl), crit = made, nn.CrossEntropyLoss()
-  done, t0 = 0, time.perf_counter()
+  sync(); done, t0 = 0, time.perf_counter()
   while done < steps:
-    for xb, yb in dl:
+    for xb, yb in dl:  # batches are drawn on the host and moved, as a user's loop does
+      xb, yb = xb.to(device, non_blocking=True), yb.to(device, non_blocking=True)
       o.zero_grad(); loss = crit(m(xb), yb); loss.backward(); o.step(); done += 1
       if done == steps:
         break
-  secs = time.perf_counter() - t0
+  sync(); secs = time.perf_counter() - t0
   with torch.no_grad():
-    acc = float((m(xt).argmax(1).numpy() == yt).mean())
+    acc = float((m(xt.to(device)).argmax(1).cpu().numpy() == yt).mean())
   out[mode] = {"seconds": secs, "test_accuracy": acc}
 print(json.dumps(out))
 """
@@ -211,7 +215,8 @@ def opacus_linear(args) -> dict:
     proc = subprocess.run(
         [args.torch_python, "-c", _OPACUS_LINEAR, folder, repr(float(res.noise_multiplier)),
          str(kw["l2_clip_norm"]), str(kw["expected_batch_size"]), str(int(res.steps)),
-         str(kw["learning_rate"]), str(kw["momentum"]), str(os.cpu_count() or 1)],
+         str(kw["learning_rate"]), str(kw["momentum"]), str(os.cpu_count() or 1),
+         args.opacus_device],
         capture_output=True, text=True, check=False)
   if proc.returncode != 0:
     out["opacus_note"] = "Opacus worker failed: " + proc.stderr.strip().splitlines()[-1][:300]
@@ -219,6 +224,7 @@ def opacus_linear(args) -> dict:
   op = json.loads(proc.stdout.strip().splitlines()[-1])
   best = min(("hooks", "ghost"), key=lambda k: op[k]["seconds"])
   out.update(opacus_versions=f"torch {op['torch']}, opacus {op['opacus']}",
+             opacus_device=args.opacus_device,
              opacus_hooks_seconds=round(op["hooks"]["seconds"], 3),
              opacus_ghost_seconds=round(op["ghost"]["seconds"], 3),
              opacus_hooks_test_accuracy=round(op["hooks"]["test_accuracy"], 4),
@@ -238,13 +244,18 @@ def main() -> None:
   parser.add_argument("--data-dir", type=str, default=None)
   parser.add_argument("--skip-figure", action="store_true", help="skip the Figure 1 run")
   parser.add_argument("--skip-opacus", action="store_true", help="skip the Opacus comparison")
+  parser.add_argument("--skip-batched", action="store_true",
+                      help="skip the batched-vs-one-call-per-draw comparison")
+  parser.add_argument("--opacus-device", default="cpu",
+                      help="torch device of the Opacus runs ('cuda' on a GPU machine)")
   parser.add_argument("--torch-python", default=os.environ.get(
       "JAXDP_OPACUS_PYTHON", "/work/opacus-venv/bin/python"))
   args = parser.parse_args()
   args.draws = args.draws or (20 if args.quick else 100)
   result = dict(quick=bool(args.quick), backend=jax.default_backend(),
                 devices=len(jax.devices()))
-  result.update(batched_vs_loop(args))
+  if not args.skip_batched:
+    result.update(batched_vs_loop(args))
   print(json.dumps(result))
   if not args.skip_opacus:
     result.update(opacus_linear(args))

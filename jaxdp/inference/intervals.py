@@ -449,7 +449,7 @@ def _intervals(key, theta_hat, x, y, w, p, xt=None, *, loss, perturbation, priva
   return ConfidenceIntervals(theta + lo.astype(dt), theta + hi.astype(dt), theta, h_rel, s_rel)
 
 
-BATCH_MODES = ("map", "vmap")
+BATCH_MODES = ("auto", "map", "vmap")
 
 
 def _layouts(x):
@@ -666,28 +666,35 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
 
 
 def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: float,
-                                 counts: Any = None, chunk_size: int = 64,
-                                 batch_mode: str = "map", accountant: Any = None,
+                                 counts: Any = None, chunk_size: int | None = None,
+                                 batch_mode: str = "auto", accountant: Any = None,
                                  **kwargs) -> tuple[ConfidenceIntervals, Calibration]:
   """:func:`confidence_intervals` for ``M`` keys (seeds) and optionally ``M`` replicates.
 
   The two jitted stages are mapped over ``keys`` and ``counts`` (``(M, N)`` bootstrap
   multiplicities over the shared ``x``, ``y``, all with the same total ``n``) and run in
-  chunks of at most ``chunk_size`` replicates (memory ~ ``chunk_size * N``); on a CPU with
+  chunks of at most ``chunk_size`` replicates (memory ~ ``chunk_size * N``; default 64 on a
+  CPU backend, 512 on an accelerator, where a vmapped chunk is one launch); on a CPU with
   ``batch_mode="map"`` the chunks run side by side, one per core
   (:func:`jaxdp.training.batching.cpu_workers`, ``$JAXDP_CPU_WORKERS``), with results
   bit-identical to running them one after another. Each replicate is a separate release;
   an ``accountant`` is charged ``M`` times the event. Returns numpy arrays with a leading
   axis ``M``.
 
-  ``batch_mode``: ``"map"`` (default; ``jax.lax.map`` over the chunk inside one jit: on a
-  CPU about 3x faster per interval than ``"vmap"``, whose batched while-loops run every
-  replicate to the slowest one's iteration count and whose ``chunk x m x d`` Monte Carlo
-  arrays leave the cache) or ``"vmap"`` (``jax.vmap``; for accelerators).
+  ``batch_mode``: ``"map"`` (``jax.lax.map`` over the chunk inside one jit: on a CPU about
+  3x faster per interval than ``"vmap"``, whose batched while-loops run every replicate to
+  the slowest one's iteration count and whose ``chunk x m x d`` Monte Carlo arrays leave
+  the cache), ``"vmap"`` (``jax.vmap``: on a GPU one launch serves the whole chunk, where
+  ``"map"`` pays a chain of small launches per replicate) or ``"auto"`` (default:
+  ``"map"`` on a CPU backend, else ``"vmap"``).
   """
   _check_choice(batch_mode, BATCH_MODES, "batch_mode")
+  if batch_mode == "auto":
+    batch_mode = "map" if jax.default_backend() == "cpu" else "vmap"
   _validation.check_key(keys, "keys", allow_batch=True)
   num = keys.shape[0]
+  if chunk_size is None:
+    chunk_size = 64 if jax.default_backend() == "cpu" else 512
   chunk = _validation.check_positive_int(chunk_size, "chunk_size")
   if counts is not None and np.shape(counts)[0] != num:
     raise ValueError(f"counts must have one row per key ({num}), got shape {np.shape(counts)}.")

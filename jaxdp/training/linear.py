@@ -1,4 +1,4 @@
-"""Regularised ERM for linear models (softmax, binary logistic, Huberized hinge).
+r"""Regularised ERM for linear models (softmax, binary logistic, Huberized hinge).
 
 Objective (paper 000 Eq. 2/5 with R(theta) = 1/2 ||theta||_F^2, plus the extra
 terms that objective/loss perturbation adds):

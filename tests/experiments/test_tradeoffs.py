@@ -183,3 +183,26 @@ def test_shifted_copies_extend_the_training_set_with_translations():
     assert found and not np.allclose(img, src)
   with pytest.raises(ValueError, match="raw"):
     experiment.shifted_copies(x[:, :50], y, 20, seed=0)
+
+
+def test_cifar_teachers_map_equals_vmap_and_bad_mode_raises():
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  config = _load("configs/tradeoffs_fig7.py").get_config()
+  config.teachers.num_teachers = 2
+  config.teachers.batch_size = 8
+  config.teachers.epochs = 1.0
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 32, 32, 3)).astype(np.float32)
+  y = rng.integers(0, 10, 32).astype(np.int32)
+  after = {}
+  for mode in ("map", "vmap"):
+    config.teachers.batch_mode = mode
+    step, params, opt_state, total, _ = experiment.make_teachers(jax.random.key(0), x, y, config)
+    assert total == 2  # one epoch of 16 examples per teacher in batches of 8
+    params, _ = step(params, opt_state, jax.random.key(1))
+    after[mode] = params
+  for a, b in zip(jax.tree.leaves(after["map"]), jax.tree.leaves(after["vmap"])):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-5)
+  config.teachers.batch_mode = "pmap"
+  with pytest.raises(ValueError, match="batch_mode"):
+    experiment.make_teachers(jax.random.key(0), x, y, config)
