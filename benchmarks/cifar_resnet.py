@@ -16,7 +16,7 @@ is not needed):
 From the median step times it projects the wall time of the full Figure 7 (every
 epsilon of the config, 100 DP-SGD epochs each; 500 teacher epochs), compile time
 excluded and reported apart. ``--quick`` (a CPU smoke run): N = 2,000, DP-SGD batches of 64
-instead of 600, 4 teachers with batches of 16, 3 timed steps; its projection is of that small
+instead of 600, 4 teachers with batches of 16, 2 timed steps; its projection is of that small
 setting scaled to N = 50,000.
 The LAST line printed is one JSON object with every figure.
 """
@@ -64,7 +64,7 @@ def main() -> None:
   exp = _load("experiments/cifar_tradeoffs.py")
   config = _load("configs/tradeoffs_fig7.py").get_config()
   n = 2000 if args.quick else 50_000
-  steps = args.steps or (3 if args.quick else 20)
+  steps = args.steps or (2 if args.quick else 20)
   if args.quick:
     config.dpsgd.expected_batch_size = 64.0
     config.teachers.batch_size = 16

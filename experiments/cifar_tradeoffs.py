@@ -25,7 +25,8 @@ Both methods at ``delta = 1e-5`` (the paper's Fig. 7):
   held-out part of the training set (not accounted, as in the paper).
 * Subsample-and-aggregate (App. C.2, Alg. 8): T = 16 teachers trained
   non-privately on disjoint sixteenths of the training set (500 epochs), all
-  teachers in ONE jitted program (``lax.map`` over them on a GPU); each answer samples a label with
+  teachers in ONE jitted step (``lax.map`` over them on a GPU, see
+  :func:`make_teachers`); each answer samples a label with
   ``p(y) ∝ exp(beta n_y(x))``, ``beta = max(eps/(2B), beta'')``
   (:func:`jaxdp.prediction.exponential_aggregation_beta`, Thm. 8; the paper's
   code uses twice the eps-DP ``beta``). Accuracy over ``num_seeds`` noise draws.
