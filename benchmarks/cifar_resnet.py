@@ -156,7 +156,8 @@ def main() -> None:
     out[k] = round(out[k], 3)
   print(f"DP-SGD step {out['dpsgd_step_ms']:.1f} ms vs non-private {out['nonprivate_step_ms']:.1f}"
         f" ms (x{out['dpsgd_over_nonprivate']:.2f}); {out['num_teachers']} teachers one step "
-        f"{out['teachers_step_ms']:.1f} ms; Figure 7 projected {out['fig7_projected_minutes']:.1f} min")
+        f"{out['teachers_step_ms']:.1f} ms; Figure 7 projected "
+        f"{out['fig7_projected_minutes']:.1f} min")
   print(json.dumps(out))
 
 

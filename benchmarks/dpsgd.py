@@ -10,13 +10,14 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
    (ghost norms + book-keeping, ``jaxdp.training.dpsgd.ghost_norms``).
 2. The same models, batch, clip and noise in Opacus (non-private, hook-based
    ``GradSampleModule`` + ``DPOptimizer``, and ghost clipping
-   ``grad_sample_mode="ghost"``) on CPU (``--opacus-device=cuda`` on a GPU machine, where ResNet-20 is timed too) in a separate virtual environment
-   (``--torch-python`` or ``$JAXDP_OPACUS_PYTHON``, default
-   ``/work/opacus-venv/bin/python``), so torch never enters jaxdp's
-   environment. It runs as a persistent worker process and its timing rounds
+   ``grad_sample_mode="ghost"``) on CPU (``--opacus-device=cuda`` on a GPU machine, where
+   ResNet-20 is timed too) in a separate virtual environment (``--torch-python`` or
+   ``$JAXDP_OPACUS_PYTHON``, default ``/work/opacus-venv/bin/python``), so torch never
+   enters jaxdp's environment. It runs as a persistent worker process and its timing rounds
    alternate with jaxdp's, so both see the same machine load. Skipped, with the
    reason printed, when that interpreter or Opacus is unavailable.
-3. ResNet-20 (GroupNorm, type-A shortcuts) on CIFAR-10-shaped inputs (jaxdp only).
+3. ResNet-20 (GroupNorm, type-A shortcuts) on CIFAR-10-shaped inputs (Opacus only with
+   ``--opacus-resnet`` or on CUDA).
 4. Peak temporary memory of the compiled private step, vmap vs ghost, at batch
    256 and 1024 (``jax.jit(...).lower(...).compile().memory_analysis()``).
 
@@ -131,8 +132,10 @@ _OPACUS_WORKER = textwrap.dedent("""
   class Block(nn.Module):  # jaxdp.models.resnet.BasicBlock: GroupNorm(min(32, C)), type-A shortcut
     def __init__(self, cin, cout, stride):
       super().__init__()
-      self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False); self.g1 = nn.GroupNorm(min(32, cout), cout)
-      self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False); self.g2 = nn.GroupNorm(min(32, cout), cout)
+      self.c1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+      self.g1 = nn.GroupNorm(min(32, cout), cout)
+      self.c2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+      self.g2 = nn.GroupNorm(min(32, cout), cout)
       self.stride, self.extra = stride, cout - cin
     def forward(self, x):
       out = self.g2(self.c2(F.relu(self.g1(self.c1(x)))))
@@ -190,7 +193,8 @@ _OPACUS_WORKER = textwrap.dedent("""
     out = {}
     for name, per in steps.items():
       for mode, st in per.items():
-        sync(); t0 = time.perf_counter(); st(); sync(); out[name + "/" + mode] = time.perf_counter() - t0
+        sync(); t0 = time.perf_counter(); st(); sync()
+        out[name + "/" + mode] = time.perf_counter() - t0
     print(json.dumps(out), flush=True)
 """)
 

@@ -32,7 +32,8 @@ def get_config() -> ml_collections.ConfigDict:
       clip_norms=(1.0,), physical_batch_size=0, augment=True))
   config.teachers = ml_collections.ConfigDict(dict(
       num_teachers=16, epochs=500.0, batch_size=600, learning_rate=0.1, momentum=0.9,
-      augment=True, batch_mode="auto"))  # "auto" | "map" | "vmap" over the teachers in one jitted step
+      augment=True,
+      batch_mode="auto"))  # "auto" | "map" | "vmap" over the teachers in their one jitted step
   config.seed = 0
   config.out_dir = "results"
   return config

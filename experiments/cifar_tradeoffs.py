@@ -237,7 +237,7 @@ def make_teachers(key, x, y, config):
 
 
 def train_teachers(key, x, y, config, progress=True):
-  """T non-private ResNet-20 teachers on disjoint parts, one jitted step; returns a vote function."""
+  """T non-private ResNet-20 teachers on disjoint parts (one jitted step); returns a vote fn."""
   t = config.teachers.num_teachers
   step, params, opt_state, total, model = make_teachers(key, x, y, config)
   k_steps = jax.random.fold_in(key, 2)

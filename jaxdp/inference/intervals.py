@@ -88,7 +88,7 @@ from jaxdp.inference import mixture_quantiles, newton, sensitivities, spd_releas
 from jaxdp.mechanisms import _sampling
 from jaxdp.mechanisms.gaussian import gaussian_noise
 from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
-from jaxdp.training import batching, certified_solve, glm_solver, linear_losses
+from jaxdp.training import batching, certified_solve, glm_solver, linear, linear_losses
 from jaxdp.training.objective_perturbation import objective_perturbation_amp_calibration
 from jaxdp.training.output_perturbation import output_perturbation_calibration
 
@@ -688,9 +688,8 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
   ``"map"`` pays a chain of small launches per replicate) or ``"auto"`` (default:
   ``"map"`` on a CPU backend, else ``"vmap"``).
   """
-  _check_choice(batch_mode, BATCH_MODES, "batch_mode")
-  if batch_mode == "auto":
-    batch_mode = "map" if jax.default_backend() == "cpu" else "vmap"
+  # The library's one rule for "auto" (map on a CPU, vmap on an accelerator); it validates too.
+  batch_mode = linear.resolve_batch_mode(batch_mode)
   _validation.check_key(keys, "keys", allow_batch=True)
   num = keys.shape[0]
   if chunk_size is None:
