@@ -159,6 +159,14 @@ def check_finite_array(x: Any, name: str) -> np.ndarray:
   :class:`~jaxdp.errors.ArgumentTypeError` naming ``name``; a traced array
   (which cannot be inspected) raises it too.
   """
+  arr = check_numeric_array(x, name)
+  if _kind(arr.dtype) in "fc" and not np.all(np.isfinite(arr)):
+    raise ValueError(f"{name} contains NaN or inf values.")
+  return arr
+
+
+def check_numeric_array(x: Any, name: str) -> np.ndarray:
+  """:func:`check_finite_array` without the NaN/inf scan (for a caller that scans anyway)."""
   if _is_tracer(x):
     raise ArgumentTypeError(f"{name} is a traced JAX value; it must be concrete to be validated.")
   if x is None or isinstance(x, (str, bytes)):
@@ -169,8 +177,6 @@ def check_finite_array(x: Any, name: str) -> np.ndarray:
     raise ArgumentTypeError(f"{name} must be a numeric array, got {_describe(x)}.") from err
   if _kind(arr.dtype) not in "biufc":
     raise ArgumentTypeError(f"{name} must be a numeric array, got dtype {arr.dtype}.")
-  if _kind(arr.dtype) in "fc" and not np.all(np.isfinite(arr)):
-    raise ValueError(f"{name} contains NaN or inf values.")
   return arr
 
 
@@ -325,10 +331,16 @@ def check_unit_ball(x: Any, name: str = "x", tol: float = 1e-6) -> np.ndarray:
   Returns:
     ``x`` (same dtype) with every row in the closed unit ball.
   """
-  arr = check_finite_array(x, name)
+  arr = check_numeric_array(x, name)
+  if _kind(arr.dtype) == "c":
+    check_finite_array(arr, name)
   flat = arr.reshape(arr.shape[0], -1) if arr.ndim else arr.reshape(1, -1)
   norms = row_norms_float64(flat)
   worst = float(norms.max()) if norms.size else 0.0
+  if not math.isfinite(worst):
+    # A NaN or inf entry makes its row's norm NaN or inf (one scan for both checks); a
+    # finite row whose squares overflow is a norm error below.
+    check_finite_array(arr, name)
   if worst > 1.0 + tol:
     raise ValueError(
         f"rows of {name} must lie in the unit L2 ball (||x||_2 <= 1) for the "

@@ -31,6 +31,19 @@ def test_normalize_rows_project(x):
   np.testing.assert_allclose(out[~inside] * n_in[~inside, None], x[~inside], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_normalize_rows_output_passes_the_unit_ball_check_unchanged(dtype):
+  """Rows projected here are inside the ball as the estimators' check measures them, so the
+  check returns the array itself (no pull-in copy on every later call)."""
+  from jaxdp import _validation
+  rng = np.random.default_rng(3)
+  raw = rng.normal(size=(5000, 11)).astype(dtype)
+  raw[:, -1] = 1.0  # an intercept, as the confidence-interval data has
+  out = jd.normalize_rows(raw, "project")
+  assert _validation.row_norms_float64(out).max() <= 1.0
+  assert _validation.check_unit_ball(out) is out
+
+
 def test_normalize_rows_scale(x):
   out = jd.normalize_rows(x, "scale")
   r = _norms(x).max()
