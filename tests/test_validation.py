@@ -54,6 +54,20 @@ def test_positive_int_rejects_with_a_named_value_error(value):
   assert v.check_positive_int(np.int64(3), "k") == 3
 
 
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_unit_ball_check_names_nan_and_inf(bad, dtype):
+  """The row norms double as the NaN/inf scan: a bad entry still gets the NaN/inf error
+  (not a unit-ball one), and a finite row whose squares overflow gets the unit-ball error."""
+  x = np.zeros((5, 3), dtype)
+  x[3, 1] = bad
+  with pytest.raises(ValueError, match="x contains NaN or inf"):
+    v.check_unit_ball(x, "x")
+  with np.errstate(over="ignore"):
+    with pytest.raises(ValueError, match="unit L2 ball.*largest norm is inf"):
+      v.check_unit_ball(np.array([[1e200, 0.0]]), "x")
+
+
 def test_unit_ball_pulls_rounding_overshoot_strictly_inside():
   x = np.array([[0.6, 0.8000003], [0.3, 0.4]], dtype=np.float32)  # norm 1 + 2.4e-7
   assert np.linalg.norm(x[0].astype(np.float64)) > 1.0
