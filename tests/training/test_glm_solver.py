@@ -177,8 +177,8 @@ def test_vmap_equals_map_over_linear_terms(loss):
 
 
 def test_batched_float64_polish_certifies_far_starts():
-  """Route 1 (certify_minimizers' polish) runs all uncertified problems in one jitted float64
-  glm-solver call: from the zero start with tol = 1e-9 (far below float32), every problem is
+  """Route 1 (certify_minimizers' polish) runs all uncertified problems in jitted float64
+  glm-solver calls (vmapped chunks): from the zero start with tol = 1e-9 (far below float32), every problem is
   certified by that polish (route 1) within tol/Lambda, and the certified points match a float64
   scipy minimiser to the certified distance."""
   rng = np.random.default_rng(3)
@@ -198,3 +198,40 @@ def test_batched_float64_polish_certifies_far_starts():
     ref = scipy.optimize.minimize(fun, cert.weights[i].reshape(-1), jac=True, method="L-BFGS-B",
                                   options=dict(maxiter=2000, gtol=1e-14, ftol=0.0)).x
     assert np.linalg.norm(cert.weights[i].reshape(-1) - ref) <= cert.distance[i] + 1e-10
+
+
+def test_polish_chunks_are_equal_and_within_the_memory_budget():
+  per = 8 * (2 * certified_solve._POLISH_MEMORY * 7840 + 6 * 60_000 * 10)
+  for m, budget in ((100, 2 ** 31), (1000, 2 ** 31), (7, 3 * per), (5, 2 * per), (3, 1)):
+    size = certified_solve.polish_chunk_size(m, 60_000, 7840, 10, budget)
+    chunks = -(-m // size)
+    assert size * per <= max(budget, per)  # one problem per chunk at least
+    assert chunks * size - m < chunks  # equal chunks: the padding is under one per chunk
+  assert certified_solve.polish_chunk_size(100, 60_000, 7840, 10) == 50
+
+
+@pytest.mark.parametrize("loss", ["softmax", "logistic"])
+def test_chunked_polish_equals_one_chunk(loss):
+  """Chunks of 2 (the last one padded by repeating its final problem) give the same polished
+  points and iteration counts as all 5 problems in one vmapped chunk, each certified."""
+  rng = np.random.default_rng(4)
+  n, d, c, m = 300, 5, 3, 5
+  x = rng.normal(size=(n, d))
+  x /= np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1.0)
+  if loss == "softmax":
+    y, shape = rng.integers(0, c, n).astype(np.int32), (d, c)
+  else:
+    y, shape = rng.integers(0, 2, n).astype(np.int32), (d,)
+  lam, tol = 0.05, 1e-9
+  lin = rng.normal(size=(m,) + shape) * 1e-2
+  w0 = rng.normal(size=(m,) + shape) * 0.1
+  kw = dict(loss=loss, h=0.5, l2_total=lam, tol=tol)
+  per = 8 * (2 * certified_solve._POLISH_MEMORY * int(np.prod(shape)) + 6 * n * shape[-1] * (
+      loss == "softmax") + 6 * n * (loss != "softmax"))
+  w_one, it_one = certified_solve._polish64_batched(w0, x, y, lin, **kw)
+  w_two, it_two = certified_solve._polish64_batched(w0, x, y, lin, chunk_bytes=2 * per, **kw)
+  assert w_two.shape == w0.shape and it_two.shape == (m,)
+  np.testing.assert_array_equal(it_one, it_two)
+  np.testing.assert_allclose(w_two, w_one, rtol=1e-9, atol=1e-12)
+  g = certified_solve._certify_batch(w_two, x, y, lin, loss=loss, h=0.5, l2_total=lam)
+  assert np.all(g <= tol)
