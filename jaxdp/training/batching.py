@@ -56,7 +56,8 @@ def num_chunks(num_problems: int, mode: str) -> int:
   return max(1, min(cpu_workers(), num_problems // 2))
 
 
-def map_in_chunks(fn: Callable[[Any], Any], batched: Any, chunks: int) -> Any:
+def map_in_chunks(fn: Callable[[Any], Any], batched: Any, chunks: int,
+                  max_workers: int | None = None) -> Any:
   """``fn(batched)`` computed as ``chunks`` calls on equal slices of the leading axis, in threads.
 
   Args:
@@ -65,6 +66,9 @@ def map_in_chunks(fn: Callable[[Any], Any], batched: Any, chunks: int) -> Any:
       problem ``i`` of the input), e.g. a jitted ``lax.map`` of one fit.
     batched: pytree of arrays sharing the leading axis ``M``.
     chunks: number of slices (1: a plain call).
+    max_workers: host threads (default: one per chunk); 1 runs the chunks one after the
+      other in the calling thread (chunks that bound memory, not spread work; thread-local
+      settings such as ``jax.enable_x64`` stay in force).
 
   Returns:
     The concatenation of the chunk results (leading axis ``M``).
@@ -82,8 +86,12 @@ def map_in_chunks(fn: Callable[[Any], Any], batched: Any, chunks: int) -> Any:
   parts = [jax.tree_util.tree_map(lambda a, i=i: a[i * per:(i + 1) * per], batched)
            for i in range(chunks)]
   run = lambda part: jax.block_until_ready(fn(part))
-  with concurrent.futures.ThreadPoolExecutor(max_workers=chunks) as pool:
-    outs = list(pool.map(run, parts))
+  workers = chunks if max_workers is None else max(1, min(int(max_workers), chunks))
+  if workers == 1:
+    outs = [run(part) for part in parts]
+  else:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+      outs = list(pool.map(run, parts))
   joined = jax.tree_util.tree_map(lambda *xs: jnp.concatenate(xs, axis=0), *outs)
   return jax.tree_util.tree_map(lambda a: a[:m], joined) if pad else joined
 

@@ -287,15 +287,14 @@ def _polish64(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200):
 _POLISH_MEMORY = 50  # L-BFGS pairs of the polish (minimize_glm's default)
 
 
-def polish_chunk_size(num_problems: int, num_examples: int, weights_size: int, num_outputs: int,
+def polish_num_chunks(num_problems: int, num_examples: int, weights_size: int, num_outputs: int,
                       chunk_bytes: int = 2 ** 31) -> int:
-  """Problems per vmapped chunk of :func:`_polish64_batched`: equal chunks, each within
-  ``chunk_bytes`` of float64 solver state (``2 * memory`` L-BFGS pairs of the weights' size and
-  about six ``(N, C)`` score-sized buffers per problem)."""
+  """Equal vmapped chunks of :func:`_polish64_batched`, each within ``chunk_bytes`` of float64
+  solver state (``2 * memory`` L-BFGS pairs of the weights' size and about six ``(N, C)``
+  score-sized buffers per problem)."""
   per = 8 * (2 * _POLISH_MEMORY * weights_size + 6 * num_examples * num_outputs)
   most = max(1, int(chunk_bytes) // per)
-  chunks = -(-int(num_problems) // most)
-  return -(-int(num_problems) // chunks)
+  return -(-int(num_problems) // most)
 
 
 def _polish64_batched(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200, chunk_bytes=2 ** 31):
@@ -311,31 +310,23 @@ def _polish64_batched(w0, x, y, lin, *, loss, h, l2_total, tol, max_iter=200, ch
   eps = 0.1: 40-43 s for this route's certify step vs 58-62 s with ``lax.map``, the same
   iterates). A polish starts next to the optimum, so the problems take similar numbers of
   iterations (1-5 there) and the ``vmap``ped loop wastes little on the slowest one.
-  Chunks bound the memory (:func:`polish_chunk_size`); the last is padded by repeating
-  its final problem, so that one compiled shape serves every chunk.
+  Chunks bound the memory (:func:`polish_num_chunks`) and run one after the other
+  (:func:`jaxdp.training.batching.map_in_chunks`, which pads the last one so that one
+  compiled shape serves every chunk).
   """
   w0 = np.asarray(w0, np.float64)
-  lins = np.zeros_like(w0) if lin is None else np.asarray(lin, np.float64)
-  m = w0.shape[0]
-  size = polish_chunk_size(m, x.shape[0], w0[0].size, w0.shape[-1] if w0.ndim == 3 else 1,
-                           chunk_bytes)
-  out_w, out_it = [], []
+  chunks = polish_num_chunks(w0.shape[0], x.shape[0], w0[0].size,
+                             w0.shape[-1] if w0.ndim == 3 else 1, chunk_bytes)
   with jax.enable_x64(True):
     xj = jnp.asarray(x, jnp.float64)
     yj = jnp.asarray(y)
+    w0j = jnp.asarray(w0)
+    lins = jnp.zeros_like(w0j) if lin is None else jnp.asarray(lin, jnp.float64)
     scalars = (jnp.asarray(l2_total, jnp.float64), jnp.asarray(h, jnp.float64),
                jnp.asarray(tol / 4.0, jnp.float64))
-    for s in range(0, m, size):
-      wc, lc = w0[s:s + size], lins[s:s + size]
-      take = wc.shape[0]
-      if take < size:
-        wc = np.concatenate([wc, np.repeat(wc[-1:], size - take, axis=0)])
-        lc = np.concatenate([lc, np.repeat(lc[-1:], size - take, axis=0)])
-      w_c, info = _polish64_jit(jnp.asarray(wc), jnp.asarray(lc), xj, yj, *scalars, loss=loss,
-                                max_iter=int(max_iter))
-      out_w.append(np.asarray(w_c, np.float64)[:take])
-      out_it.append(np.asarray(info.num_iter, np.int64)[:take])
-  return np.concatenate(out_w), np.concatenate(out_it)
+    polish = lambda wl: _polish64_jit(*wl, xj, yj, *scalars, loss=loss, max_iter=int(max_iter))
+    out_w, info = batching.map_in_chunks(polish, (w0j, lins), chunks, max_workers=1)
+    return np.asarray(out_w, np.float64), np.asarray(info.num_iter, np.int64)
 
 
 @functools.partial(jax.jit, static_argnames=("loss", "max_iter"),

@@ -19,6 +19,26 @@ def test_map_in_chunks_equals_one_call_with_padding():
       np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_map_in_chunks_one_worker_runs_in_the_calling_thread():
+  """max_workers=1: the chunks run one after the other in the calling thread, so its
+  thread-local jax.enable_x64 still holds (float64 in, float64 out), and the result equals
+  one call, padding included."""
+  import threading
+  threads = set()
+
+  def f(t):
+    threads.add(threading.get_ident())
+    return jax.jit(lambda a: a * 3.0 + 1.0)(t)
+
+  with jax.enable_x64(True):
+    xs = jnp.arange(7.0, dtype=jnp.float64) / 3.0
+    whole = f(xs)
+    got = batching.map_in_chunks(f, xs, 3, max_workers=1)
+    assert got.dtype == jnp.float64
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(whole))
+  assert threads == {threading.get_ident()}
+
+
 def test_cpu_workers_env_override(monkeypatch):
   monkeypatch.setenv("JAXDP_CPU_WORKERS", "3")
   assert batching.cpu_workers() == 3

@@ -178,9 +178,9 @@ def test_vmap_equals_map_over_linear_terms(loss):
 
 def test_batched_float64_polish_certifies_far_starts():
   """Route 1 (certify_minimizers' polish) runs all uncertified problems in jitted float64
-  glm-solver calls (vmapped chunks): from the zero start with tol = 1e-9 (far below float32), every problem is
-  certified by that polish (route 1) within tol/Lambda, and the certified points match a float64
-  scipy minimiser to the certified distance."""
+  glm-solver calls (vmapped chunks): from the zero start with tol = 1e-9 (far below float32),
+  every problem is certified by that polish (route 1) within tol/Lambda, and the certified
+  points match a float64 scipy minimiser to the certified distance."""
   rng = np.random.default_rng(3)
   n, d, c, m = 400, 6, 3, 4
   x = rng.normal(size=(n, d))
@@ -203,11 +203,11 @@ def test_batched_float64_polish_certifies_far_starts():
 def test_polish_chunks_are_equal_and_within_the_memory_budget():
   per = 8 * (2 * certified_solve._POLISH_MEMORY * 7840 + 6 * 60_000 * 10)
   for m, budget in ((100, 2 ** 31), (1000, 2 ** 31), (7, 3 * per), (5, 2 * per), (3, 1)):
-    size = certified_solve.polish_chunk_size(m, 60_000, 7840, 10, budget)
-    chunks = -(-m // size)
+    chunks = certified_solve.polish_num_chunks(m, 60_000, 7840, 10, budget)
+    size = -(-m // chunks)  # batching.map_in_chunks' equal chunks
     assert size * per <= max(budget, per)  # one problem per chunk at least
     assert chunks * size - m < chunks  # equal chunks: the padding is under one per chunk
-  assert certified_solve.polish_chunk_size(100, 60_000, 7840, 10) == 50
+  assert certified_solve.polish_num_chunks(100, 60_000, 7840, 10) == 2
 
 
 @pytest.mark.parametrize("loss", ["softmax", "logistic"])
@@ -226,8 +226,8 @@ def test_chunked_polish_equals_one_chunk(loss):
   lin = rng.normal(size=(m,) + shape) * 1e-2
   w0 = rng.normal(size=(m,) + shape) * 0.1
   kw = dict(loss=loss, h=0.5, l2_total=lam, tol=tol)
-  per = 8 * (2 * certified_solve._POLISH_MEMORY * int(np.prod(shape)) + 6 * n * shape[-1] * (
-      loss == "softmax") + 6 * n * (loss != "softmax"))
+  outputs = c if loss == "softmax" else 1
+  per = 8 * (2 * certified_solve._POLISH_MEMORY * int(np.prod(shape)) + 6 * n * outputs)
   w_one, it_one = certified_solve._polish64_batched(w0, x, y, lin, **kw)
   w_two, it_two = certified_solve._polish64_batched(w0, x, y, lin, chunk_bytes=2 * per, **kw)
   assert w_two.shape == w0.shape and it_two.shape == (m,)
