@@ -161,8 +161,23 @@ def check_finite_array(x: Any, name: str) -> np.ndarray:
   """
   arr = check_numeric_array(x, name)
   if _kind(arr.dtype) in "fc" and not np.all(np.isfinite(arr)):
-    raise ValueError(f"{name} contains NaN or inf values.")
+    raise ValueError(f"{name} contains NaN or inf values (the first at index "
+                     f"{first_index(~np.isfinite(arr))}).")
   return arr
+
+
+def first_index(bad: np.ndarray) -> tuple[int, ...] | int:
+  """Index of the first True entry of ``bad`` (an int for 1-D arrays), for error messages.
+
+  Refusal messages name the rule and WHERE it is broken, never the offending value:
+  an error message is a release too (it is logged, shown, stored), and a copied
+  entry, norm or label of private data would leak it outside any guarantee.
+  """
+  bad = np.asarray(bad)
+  flat = int(np.argmax(bad.reshape(-1)))
+  if bad.ndim <= 1:
+    return flat
+  return tuple(int(i) for i in np.unravel_index(flat, bad.shape))
 
 
 def check_numeric_array(x: Any, name: str) -> np.ndarray:
@@ -218,7 +233,7 @@ def check_finite_if_concrete(x: Any, name: str, allow_neg_inf: bool = False) -> 
   if np.any(bad):
     what = "NaN or +inf" if allow_neg_inf else "NaN or inf"
     raise ValueError(
-        f"{name} contains {what} values ({int(np.sum(bad))} of {arr.size}); a "
+        f"{name} contains {what} values (the first at index {first_index(bad)}); a "
         "mechanism's input must be finite for its sensitivity bound to hold."
     )
 
@@ -344,7 +359,7 @@ def check_unit_ball(x: Any, name: str = "x", tol: float = 1e-6) -> np.ndarray:
   if worst > 1.0 + tol:
     raise ValueError(
         f"rows of {name} must lie in the unit L2 ball (||x||_2 <= 1) for the "
-        f"sensitivity bound to hold; the largest norm is {worst:.6g}. Call "
+        f"sensitivity bound to hold; row {int(np.argmax(norms > 1.0 + tol))} does not. Call "
         "jaxdp.data.normalize_rows(x) first, or pass normalize=True to project "
         "rows explicitly."
     )

@@ -64,7 +64,7 @@ def test_unit_ball_check_names_nan_and_inf(bad, dtype):
   with pytest.raises(ValueError, match="x contains NaN or inf"):
     v.check_unit_ball(x, "x")
   with np.errstate(over="ignore"):
-    with pytest.raises(ValueError, match="unit L2 ball.*largest norm is inf"):
+    with pytest.raises(ValueError, match="unit L2 ball.*row 0 does not"):
       v.check_unit_ball(np.array([[1e200, 0.0]]), "x")
 
 
@@ -325,3 +325,22 @@ def test_key_check_runs_on_traced_keys_under_jit_and_vmap():
   assert v.check_key(keys, allow_batch=True) is keys
   with pytest.raises(TypeError, match="key"):
     jax.jit(v.check_key)(jnp.zeros(2, jnp.float32))
+
+
+def test_refusals_name_the_rule_and_row_not_the_private_value():
+  """Issue 26 item 7: the unit-ball refusal printed the largest row norm (a private value) and
+  the NaN refusals the number of bad entries. Now: the rule and the row / index only."""
+  x = np.zeros((6, 2))
+  x[4] = [3.1415926535, 7.3141592653]
+  with pytest.raises(ValueError, match=r"unit L2 ball.*row 4 does not") as err:
+    v.check_unit_ball(x, "x_num")
+  norm = float(np.linalg.norm(x[4]))
+  for text in (f"{norm:.6g}", f"{norm:.3g}", "7.31", "3.14", f"{norm:.2f}"):
+    assert text not in str(err.value)
+  y = np.zeros((6, 2))
+  y[5, 1] = np.nan
+  with pytest.raises(ValueError, match=r"NaN or inf values \(the first at index \(5, 1\)\)"):
+    v.check_finite_array(y, "y")
+  with pytest.raises(ValueError, match=r"the first at index \(5, 1\)") as err:
+    v.check_finite_if_concrete(y, "y")
+  assert "1 of 12" not in str(err.value)

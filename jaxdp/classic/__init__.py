@@ -5,9 +5,14 @@ bounds are required, see :mod:`jaxdp.classic._common`), spends its DpEvent on
 an optional accountant *before* releasing, and returns the release and the
 event. Every event is tagged with the relation it was proven for
 (``neighbouring="replace_one"`` by default, like the library's estimators, or
-``"add_remove"``) and ``unit="example"``.
+``"add_remove"``) and ``unit="example"``. The estimators (``Private*``) draw a
+fresh key from OS entropy at every ``fit`` unless given an explicit ``seed``
+(:mod:`jaxdp._keys`; an explicit seed is the user's promise not to reuse it).
+Released sums are accumulated in float64; refusal messages name the rule and
+the row, never a data value.
 
-* :mod:`~jaxdp.classic.quantile`: private quantiles and bounds (explicit budgeted step);
+* :mod:`~jaxdp.classic.quantile`: private quantiles and bounds on a public grid (explicit
+  budgeted step);
 * :mod:`~jaxdp.classic.naive_bayes`: categorical / Gaussian naive Bayes (Eqs. 25-28);
 * :mod:`~jaxdp.classic.random_trees`: random decision tree ensembles (Eq. 31);
 * :mod:`~jaxdp.classic.kmeans`: DP-Lloyd and sample-and-aggregate k-means (Eqs. 32-33);

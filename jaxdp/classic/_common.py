@@ -73,8 +73,10 @@ def check_data_in_bounds(x: Any, lower: np.ndarray, upper: np.ndarray, *, clip: 
                          name: str = "x") -> np.ndarray:
   """Validates a 2-D finite array against declared bounds.
 
-  Values outside ``[lower, upper]`` raise ValueError naming ``name`` unless
-  ``clip=True``, which clips them (a per-record map that keeps the sensitivity).
+  Values outside ``[lower, upper]`` raise ValueError naming ``name``, the row
+  and the feature (never the value: a refusal message must not copy private
+  data) unless ``clip=True``, which clips them (a per-record map that keeps the
+  sensitivity).
   """
   arr = _validation.check_finite_array(x, name)
   if arr.ndim != 2:
@@ -85,8 +87,9 @@ def check_data_in_bounds(x: Any, lower: np.ndarray, upper: np.ndarray, *, clip: 
   bad = (arr < lower) | (arr > upper)
   if np.any(bad):
     i, j = np.argwhere(bad)[0]
+    # The message names the rule and the entry, never the private value itself.
     raise ValueError(
-        f"{name}[{i}, {j}] = {float(arr[i, j])!r} lies outside the declared bounds "
+        f"{name}[{i}, {j}] lies outside the declared bounds "
         f"[{float(lower[j])!r}, {float(upper[j])!r}] of feature {j}; the sensitivity assumes the bounds. "
         "Pass clip=True to clip values to the bounds explicitly.")
   return arr
@@ -114,12 +117,16 @@ def check_labels(y: Any, num_classes: int, n: int, name: str = "y") -> np.ndarra
   arr = _validation.check_finite_array(y, name)
   if arr.shape != (n,):
     raise ValueError(f"{name} must have shape ({n},), got {arr.shape}.")
-  if not np.all(np.equal(np.mod(arr, 1), 0)):
-    raise ValueError(f"{name} must hold integer class indices.")
+  not_integer = ~np.equal(np.mod(arr, 1), 0)
+  if np.any(not_integer):
+    raise ValueError(f"{name} must hold integer class indices; row {int(np.argmax(not_integer))} "
+                     "does not.")
   arr = arr.astype(np.int64)
-  if arr.size and (arr.min() < 0 or arr.max() >= num_classes):
+  outside = (arr < 0) | (arr >= num_classes)
+  if np.any(outside):
+    # Names the rule and the row, never the private label value.
     raise ValueError(f"{name} must lie in {{0, ..., {num_classes - 1}}} (num_classes={num_classes}); "
-                     f"got values in [{arr.min()}, {arr.max()}].")
+                     f"row {int(np.argmax(outside))} does not.")
   return arr
 
 
@@ -134,8 +141,3 @@ def spend(accountant: Any, event: events.DpEvent) -> None:
     return
   accountant.spend(event)
 
-
-def fit_key(seed: int, counter: int):
-  """A fresh key per fit: ``fold_in(key(seed), counter)`` (never reused)."""
-  import jax
-  return jax.random.fold_in(jax.random.key(int(seed)), int(counter))

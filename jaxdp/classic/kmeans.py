@@ -42,15 +42,32 @@ checked by a test.)
 Eq. 33). Every record is assigned to one of ``q`` blocks independently and
 uniformly (a data-independent assignment, so adding, removing or replacing a
 record changes one block only). Non-private Lloyd runs on every block
-(vmapped), the block's centroids are clipped to the box and sorted by their
-projection on a fixed random direction (a function of the block alone), and the
-aggregate is the *mean* of the ``q`` block outputs. One block changing moves
-the mean by at most ``Delta_1 = K sum_j (u_j - l_j) / q`` in L1 norm under
+(vmapped) from ``K`` distinct rows of the block chosen at random; a block with
+``m < K`` rows fills its remaining ``K - m`` initial centroids with PUBLIC points
+(uniform in the central half of the box, from the block's own key), never with
+rows of other blocks, so a block's output is a function of its own rows and of
+the data-independent randomness only. The block's centroids are clipped to the
+box and sorted by their projection on a fixed random direction (a function of
+the block alone), and the aggregate is the *mean* of the ``q`` block outputs.
+One block changing moves the mean by at most ``Delta_1 = K sum_j (u_j - l_j) / q`` in L1 norm under
 both relations, so ``mean + Lap(Delta_1 / epsilon)`` is ``epsilon``-DP. (The
 survey describes a "center of the smallest ball" aggregator whose sensitivity
 NRS bound through smooth sensitivity; the mean with its global sensitivity is
 the simpler aggregator of Smith 2011, with a guarantee that holds for every
-dataset.)
+dataset.) ``num_blocks > n`` and ``num_clusters > n`` are refused (``ValueError``)
+before anything is spent.
+
+Floating point. The released sums (DP-Lloyd's per-cluster counts and sums, the
+mean of the block outputs) are accumulated in float64 (a scoped
+``jax.enable_x64``) and the float32 noise is added in float64. In float32 the
+rounding of a sum of ``n = 2e5`` terms made the same-key difference of two
+neighbouring releases exceed the sensitivity by about 0.1%; in float64 any
+summation order errs by at most ``gamma_n sum_i |f(x_i)|``,
+``gamma_n = n u / (1 - n u)``, ``u = 2^-53`` (Higham 2002, Eq. 4.4 and Sec.
+4.2): on both neighbours together a worst-case excess of ``2 gamma_n n B``
+(``B`` the per-record bound), below ``1e-5 Delta`` for ``n <= 2e5``, and of
+order ``sqrt(n) u`` in practice; the float lattice of the output itself
+remains (``docs/sharp_edges.md``).
 """
 
 from __future__ import annotations
@@ -63,6 +80,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.classic import _common
@@ -93,6 +111,22 @@ def auto_count_fraction(dim: int, rho: float = SU_RHO) -> float:
   return 1.0 / (1.0 + float(np.cbrt(4.0 * dim * rho ** 2)))
 
 
+def _check_public_bounds(lower: Any, upper: Any) -> tuple[np.ndarray, np.ndarray]:
+  """Declared bounds (scalars or per feature) with ``lower < upper``; else ValueError."""
+  lo = _validation.check_finite_array(lower, "lower") if lower is not None else None
+  hi = _validation.check_finite_array(upper, "upper") if upper is not None else None
+  if lo is None or hi is None:
+    return _common.check_bounds(lower, upper, 1, "lower/upper")
+  try:
+    dim = int(np.broadcast(np.atleast_1d(lo), np.atleast_1d(hi)).size)
+  except ValueError as err:
+    raise ValueError(f"lower and upper must have the same number of features, got shapes "
+                     f"{np.shape(lo)} and {np.shape(hi)}.") from err
+  if np.atleast_1d(lo).ndim != 1 or np.atleast_1d(hi).ndim != 1:
+    raise ValueError("lower and upper must be scalars or 1-D per-feature bounds.")
+  return _common.check_bounds(lo, hi, dim, "lower/upper")
+
+
 def lloyd_calibration(*, lower: Any, upper: Any, epsilon: float, iterations: int,
                       count_fraction: Any = "auto",
                       neighbouring: str = "replace_one") -> LloydCalibration:
@@ -103,8 +137,7 @@ def lloyd_calibration(*, lower: Any, upper: Any, epsilon: float, iterations: int
   """
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   t = _validation.check_positive_int(iterations, "iterations")
-  lo = np.atleast_1d(np.asarray(lower, np.float64))
-  hi = np.atleast_1d(np.asarray(upper, np.float64))
+  lo, hi = _check_public_bounds(lower, upper)
   if isinstance(count_fraction, str):
     if count_fraction != "auto":
       raise ValueError(f"count_fraction must be a number in (0, 1) or 'auto', got "
@@ -155,7 +188,7 @@ def kmeans_cost(x: Any, centroids: Any) -> jax.Array:
 
 
 def lloyd_statistics(x, centroids, mid):
-  """Exact counts ``(K,)`` and centred sums ``(K, d)`` of one Lloyd step."""
+  """Exact counts ``(K,)`` and centred sums ``(K, d)`` of one Lloyd step, in ``x.dtype``."""
   k = centroids.shape[0]
   onehot = jax.nn.one_hot(_assign(x, centroids), k, dtype=x.dtype)
   return onehot.sum(0), onehot.T @ (x - mid)
@@ -165,8 +198,9 @@ def noisy_lloyd_step(key, x, centroids, mid, count_scale, sum_scale):
   """One DP-Lloyd release: ``(n~ (K,), S~ (K, d))`` (traced; scales are static floats)."""
   counts, sums = lloyd_statistics(x, centroids, mid)
   k1, k2 = jax.random.split(key)
-  return (counts + laplace_noise(k1, counts.shape, count_scale, x.dtype),
-          sums + laplace_noise(k2, sums.shape, sum_scale, x.dtype))
+  # Noise drawn by the float32 samplers, added in the statistics' dtype (float64 when released).
+  return (counts + laplace_noise(k1, counts.shape, count_scale).astype(counts.dtype),
+          sums + laplace_noise(k2, sums.shape, sum_scale).astype(sums.dtype))
 
 
 @functools.partial(jax.jit, static_argnames=("iterations", "count_scale", "sum_scale"))
@@ -233,10 +267,12 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
     if c0.shape != (k, arr.shape[1]):
       raise ValueError(f"init must have shape ({k}, {arr.shape[1]}), got {c0.shape}.")
     c0 = jnp.asarray(np.clip(c0, lo, hi), jnp.float32)
-  out = _dp_lloyd_core(k_run, jnp.asarray(arr, jnp.float32), c0, jnp.asarray(lo, jnp.float32),
-                       jnp.asarray(hi, jnp.float32), iterations=cal.iterations,
-                       count_scale=float(cal.count_scale), sum_scale=float(cal.sum_scale))
-  return np.asarray(out), event
+  with jax.enable_x64(True):  # float64 sums (module docstring, "Floating point")
+    out = _dp_lloyd_core(k_run, jnp.asarray(arr, jnp.float64), jnp.asarray(c0, jnp.float64),
+                         jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64),
+                         iterations=cal.iterations, count_scale=float(cal.count_scale),
+                         sum_scale=float(cal.sum_scale))
+    return np.asarray(out, np.float64), event
 
 
 # ---------------------------------------------------------------- sample and aggregate
@@ -244,16 +280,30 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
 
 def sample_aggregate_sensitivity(*, lower: Any, upper: Any, num_clusters: int, num_blocks: int) -> float:
   """``Delta_1 = K sum_j (u_j - l_j) / q`` of the mean of ``q`` block outputs (both relations)."""
-  lo, hi = np.atleast_1d(np.asarray(lower, np.float64)), np.atleast_1d(np.asarray(upper, np.float64))
-  return float(num_clusters * np.sum(hi - lo) / num_blocks)
+  lo, hi = _check_public_bounds(lower, upper)
+  k = _validation.check_positive_int(num_clusters, "num_clusters")
+  q = _validation.check_positive_int(num_blocks, "num_blocks")
+  return float(k * np.sum(hi - lo) / q)
 
 
-def _weighted_lloyd(key, x, w, k, iterations):
-  """Non-private Lloyd on the rows with weight ``w > 0``; init: ``k`` distinct rows of the block."""
-  logits = jnp.where(w > 0, 0.0, -jnp.inf)
-  g = jax.random.gumbel(key, x.shape[:1]) + logits
-  _, idx = jax.lax.top_k(g, k)
-  c0 = x[idx]
+def _block_init(key, x, w, k, lo, hi):
+  """``k`` initial centroids of one block from its own rows (``w > 0``) and public points.
+
+  ``min(k, m)`` distinct rows of the block (``m`` rows) chosen uniformly at
+  random (Gumbel top-k), and for the remaining ``k - m`` slots of an under-full
+  block PUBLIC points uniform in the central half of the box (never rows of
+  another block, which would let one record move several block outputs).
+  """
+  k_rows, k_public = jax.random.split(key)
+  g = jax.random.gumbel(k_rows, x.shape[:1], x.dtype)
+  vals, idx = jax.lax.top_k(jnp.where(w > 0, g, -jnp.inf), k)
+  public = _uniform_init(k_public, k, lo, hi, inset=0.25).astype(x.dtype)
+  return jnp.where(jnp.isfinite(vals)[:, None], x[idx], public)
+
+
+def _weighted_lloyd(key, x, w, k, iterations, lo, hi):
+  """Non-private Lloyd on the rows with weight ``w > 0`` from :func:`_block_init`."""
+  c0 = _block_init(key, x, w, k, lo, hi)
 
   def step(c, _):
     onehot = jax.nn.one_hot(_assign(x, c), k, dtype=x.dtype) * w[:, None]
@@ -265,20 +315,29 @@ def _weighted_lloyd(key, x, w, k, iterations):
   return c
 
 
-@functools.partial(jax.jit, static_argnames=("k", "num_blocks", "iterations", "scale"))
-def _sample_aggregate_core(key, x, lo, hi, *, k, num_blocks, iterations, scale):
-  k_assign, k_dir, k_blocks, k_noise = jax.random.split(key, 4)
+def _block_outputs(key, x, lo, hi, *, k, num_blocks, iterations):
+  """The ``(q, K, d)`` block outputs (non-private; each a function of its block only)."""
+  k_assign, k_dir, k_blocks, _ = jax.random.split(key, 4)
   block = jax.random.randint(k_assign, (x.shape[0],), 0, num_blocks)
   masks = jax.nn.one_hot(block, num_blocks, dtype=x.dtype).T                  # (q, n)
   direction = jax.random.normal(k_dir, (x.shape[1],), x.dtype)
 
   def one_block(bkey, w):
-    c = jnp.clip(_weighted_lloyd(bkey, x, w, k, iterations), lo, hi)
+    c = jnp.clip(_weighted_lloyd(bkey, x, w, k, iterations, lo, hi), lo, hi)
     return c[jnp.argsort(c @ direction)]
 
-  outs = jax.vmap(one_block)(jax.random.split(k_blocks, num_blocks), masks)   # (q, K, d)
-  mean = outs.mean(0)
-  return jnp.clip(mean + laplace_noise(k_noise, mean.shape, scale, x.dtype), lo, hi)
+  return jax.vmap(one_block)(jax.random.split(k_blocks, num_blocks), masks)
+
+
+@functools.partial(jax.jit, static_argnames=("k", "num_blocks", "iterations", "scale"))
+def _sample_aggregate_core(key, x, lo, hi, *, k, num_blocks, iterations, scale):
+  """Mean of the block outputs in float64 when x64 is on (the release), Laplace noise, clip."""
+  outs = _block_outputs(key, x, lo, hi, k=k, num_blocks=num_blocks, iterations=iterations)
+  acc = jax.dtypes.canonicalize_dtype(jnp.float64)  # float64 under jax.enable_x64, else float32
+  mean = outs.astype(acc).mean(0)
+  k_noise = jax.random.split(key, 4)[3]
+  noise = laplace_noise(k_noise, mean.shape, scale).astype(acc)
+  return jnp.clip(mean + noise, lo.astype(acc), hi.astype(acc))
 
 
 def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float,
@@ -288,7 +347,9 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
   """``epsilon``-DP k-means by sample and aggregate (module docstring).
 
   Every block should hold at least ``num_clusters`` points (``n >= K q``
-  comfortably); otherwise blocks repeat points in their init (still private).
+  comfortably); an under-full block starts from public points for its missing
+  centroids (module docstring). ``num_blocks > n`` or ``num_clusters > n``
+  raises ``ValueError`` before anything is spent.
 
   Returns:
     ``(centroids (K, d), event)``; the event is ``LaplaceDpEvent(1/epsilon)``.
@@ -298,6 +359,12 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
   k = _validation.check_positive_int(num_clusters, "num_clusters")
   q = _validation.check_positive_int(num_blocks, "num_blocks")
   it = _validation.check_positive_int(iterations, "iterations")
+  n = arr.shape[0]
+  if q > n:
+    raise ValueError(f"num_blocks must be <= the number of rows of x (every block needs a "
+                     f"row), got num_blocks={q}.")
+  if k > n:
+    raise ValueError(f"num_clusters must be <= the number of rows of x, got num_clusters={k}.")
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   rel = _common.check_relation(neighbouring)
   sens = sample_aggregate_sensitivity(lower=lo, upper=hi, num_clusters=k, num_blocks=q)
@@ -307,25 +374,35 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
     scale = sens / eps
     event = events.LaplaceDpEvent(noise_multiplier=1.0 / eps, neighbouring=rel)
   _common.spend(accountant, event)
-  out = _sample_aggregate_core(key, jnp.asarray(arr, jnp.float32), jnp.asarray(lo, jnp.float32),
-                               jnp.asarray(hi, jnp.float32), k=k, num_blocks=q, iterations=it,
-                               scale=float(scale))
-  return np.asarray(out), event
+  with jax.enable_x64(True):  # float64 mean (module docstring, "Floating point")
+    out = _sample_aggregate_core(key, jnp.asarray(arr, jnp.float32), jnp.asarray(lo, jnp.float32),
+                                 jnp.asarray(hi, jnp.float32), k=k, num_blocks=q, iterations=it,
+                                 scale=float(scale))
+    return np.asarray(out, np.float64), event
 
 
 class PrivateKMeans:
   """scikit-learn-like private k-means (``method="lloyd"`` or ``"sample_aggregate"``).
 
-  ``fit`` draws a fresh key per call (``seed`` + counter) and spends the event
-  on ``accountant`` before releasing; ``cluster_centers_``, ``predict``,
-  ``score`` (negative cost, as scikit-learn) and ``inertia`` are available.
-  ``count_fraction``, ``init`` and ``neighbouring`` are those of :func:`dp_lloyd`.
+  ``fit`` spends the event on ``accountant`` before releasing;
+  ``cluster_centers_``, ``predict``, ``score`` (negative cost, as scikit-learn)
+  and ``inertia`` are available. ``count_fraction``, ``init`` and
+  ``neighbouring`` are those of :func:`dp_lloyd`.
+
+  Noise keys (:mod:`jaxdp._keys`): with ``seed=None`` (the default) every
+  ``fit`` draws a fresh key from OS entropy, so two instances or a refit on
+  updated data never add the same noise (the difference of two releases
+  cannot cancel it). An explicit ``seed`` (an integer or a ``jax.random`` key)
+  gives fit ``i`` of the instance ``fold_in(key(seed), i)`` (reproducible
+  experiments); it is the user's promise not to reuse that seed for another
+  release on overlapping data: two instances with the same seed add identical
+  noise.
   """
 
   def __init__(self, *, n_clusters: int, epsilon: float, lower: Any = None, upper: Any = None,
                method: str = "lloyd", iterations: int | None = None, num_blocks: int = 50,
                count_fraction: Any = "auto", init: Any = "central", clip: bool = False,
-               neighbouring: str = "replace_one", accountant: Any = None, seed: int = 0):
+               neighbouring: str = "replace_one", accountant: Any = None, seed: Any = None):
     if method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     self.n_clusters = _validation.check_positive_int(n_clusters, "n_clusters")
@@ -335,12 +412,13 @@ class PrivateKMeans:
     self.num_blocks, self.count_fraction, self.clip = num_blocks, count_fraction, clip
     self.init = init
     self.neighbouring = _common.check_relation(neighbouring)
+    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
     self.accountant, self.seed = accountant, seed
     self._fits = 0
 
   def fit(self, x: Any, y: Any = None) -> "PrivateKMeans":
     del y
-    key = _common.fit_key(self.seed, self._fits)
+    key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     if self.method == "lloyd":
       c, ev = dp_lloyd(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.classic import _common
@@ -84,18 +85,29 @@ def private_linear_regression(key: jax.Array, x: Any, y: Any, *, epsilon: float,
 
 
 class PrivateLinearRegression:
-  """scikit-learn-like private linear regression (functional mechanism, replace-one)."""
+  """scikit-learn-like private linear regression (functional mechanism, replace-one).
+
+  Noise keys (:mod:`jaxdp._keys`): with ``seed=None`` (the default) every
+  ``fit`` draws a fresh key from OS entropy, so two instances or a refit on
+  updated data never add the same noise (the difference of two releases
+  cannot cancel it). An explicit ``seed`` (an integer or a ``jax.random`` key)
+  gives fit ``i`` of the instance ``fold_in(key(seed), i)`` (reproducible
+  experiments); it is the user's promise not to reuse that seed for another
+  release on overlapping data: two instances with the same seed add identical
+  noise.
+  """
 
   def __init__(self, *, epsilon: float, lower: Any = None, upper: Any = None, y_lower: Any = None,
                y_upper: Any = None, l2_reg: float = 0.0, clip: bool = False,
-               accountant: Any = None, seed: int = 0):
+               accountant: Any = None, seed: Any = None):
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
     self.lower, self.upper, self.y_lower, self.y_upper = lower, upper, y_lower, y_upper
+    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
     self.l2_reg, self.clip, self.accountant, self.seed = l2_reg, clip, accountant, seed
     self._fits = 0
 
   def fit(self, x: Any, y: Any) -> "PrivateLinearRegression":
-    key = _common.fit_key(self.seed, self._fits)
+    key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     self.coef_, self.intercept_, self.event_ = private_linear_regression(
         key, x, y, epsilon=self.epsilon, lower=self.lower, upper=self.upper,

@@ -55,6 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.classic import _common
@@ -208,23 +209,34 @@ def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, ep
 
 
 class PrivateRandomTrees:
-  """scikit-learn-like private random decision tree ensemble."""
+  """scikit-learn-like private random decision tree ensemble.
+
+  Noise keys (:mod:`jaxdp._keys`): with ``seed=None`` (the default) every
+  ``fit`` draws a fresh key from OS entropy, so two instances or a refit on
+  updated data never add the same noise (the difference of two releases
+  cannot cancel it). An explicit ``seed`` (an integer or a ``jax.random`` key)
+  gives fit ``i`` of the instance ``fold_in(key(seed), i)`` (reproducible
+  experiments); it is the user's promise not to reuse that seed for another
+  release on overlapping data: two instances with the same seed add identical
+  noise.
+  """
 
   def __init__(self, *, epsilon: float, num_classes: int, lower: Any = None, upper: Any = None,
                n_estimators: int = 10, depth: int = 5, tree_budget: str = "disjoint",
                clip: bool = False, neighbouring: str = "replace_one", accountant: Any = None,
-               seed: int = 0, combine: str = "product"):
+               seed: Any = None, combine: str = "product"):
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
     self.num_classes = _validation.check_positive_int(num_classes, "num_classes")
     self.lower, self.upper, self.clip = lower, upper, clip
     self.n_estimators, self.depth, self.tree_budget = n_estimators, depth, tree_budget
     self.neighbouring = _common.check_relation(neighbouring)
+    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
     self.accountant, self.seed = accountant, seed
     self.combine = _check_combine(combine)
     self._fits = 0
 
   def fit(self, x: Any, y: Any) -> "PrivateRandomTrees":
-    key = _common.fit_key(self.seed, self._fits)
+    key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     self.trees_, self.event_ = private_random_trees(
         key, x, y, num_classes=self.num_classes, epsilon=self.epsilon, lower=self.lower,

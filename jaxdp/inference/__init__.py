@@ -4,6 +4,13 @@ Paper 003 (``../shared/papers/003_dp_confidence_intervals_for_erm.md``): PrivSPD
 (Algorithm 2), the Hessian / gradient-covariance sensitivities of logistic regression and
 Huberized SVM (Lemmas 2-5), and private confidence intervals for objective perturbation
 (Algorithm 3) and output perturbation (Algorithm 5), under pure DP or zCDP.
+
+Release points (they spend on an accountant or describe their DpEvent): :func:`confidence_intervals`,
+:func:`confidence_intervals_batched` (``M`` keys = ``M`` releases) and :func:`priv_spd_matrix`
+(event: :func:`priv_spd_matrix_event`). NOT private, exact functions of their inputs, for
+building and testing private pipelines only: :func:`newton_minimize` (the exact minimiser),
+:func:`hessian`, :func:`gradient_covariance` and :func:`loss_derivatives` (Eqs. 4.2-4.3); their
+outputs on private data must be released through PrivSPDMat or an equivalent mechanism.
 """
 
 from jaxdp.inference.intervals import (

@@ -54,6 +54,21 @@ is ``ComposedDpEvent([theta event, PrivSPDMat event, PrivSPDMat event])`` of
 ``PureDpEvent``/``ZCDpEvent`` leaves (for objective perturbation under zCDP the theta part is
 the pure ``eps_1`` it really is, which the accountant converts to ``eps_1^2/2 = rho_1``).
 
+Row multiplicities (``counts``, e.g. bootstrap replicates) and group privacy. With
+``counts`` the problem is the multiset in which row ``i`` of ``x`` appears ``counts[i]``
+times, ``n = sum(counts)``. The privacy unit stays one row of ``x`` (one person): replacing
+row ``i`` replaces ``k_i = counts[i]`` of the ``n`` records at once, so the sensitivities
+above (computed for ONE replaced record; with weights they grow linearly in ``k_i``, e.g. the
+Hessian's to ``k_i/(2n)``) do not cover it. The guarantee is the group-privacy one at
+``k = max_i counts[i]`` (:func:`_group_privacy_event`): every ``phi``-DP leaf becomes
+``k phi``-DP (Dwork & Roth 2014, Thm 2.2: datasets at replace-distance ``k`` are joined by a
+chain of ``k`` neighbours of the same size ``n``, and the calibration depends on ``n`` only)
+and every ``rho``-zCDP leaf ``k^2 rho``-zCDP (Bun & Steinke 2016, Prop. 27), which is what
+is spent and reported (``Calibration.event``, ``Calibration.group_size``). ``M`` replicates
+(:func:`confidence_intervals_batched`) are ``M`` releases, each charged at the largest
+multiplicity over all replicates (a person in ``c_j`` copies of replicate ``j`` loses
+``sum_j c_j phi <= M k phi``, resp. ``sum_j c_j^2 rho <= M k^2 rho``, by composition).
+
 Budget split (``fractions``): default paper 003 **Table 2** (:data:`TABLE2_FRACTIONS`);
 ``budget`` is ``epsilon`` (``privacy="pure"``) or ``rho`` (``"zcdp"``); ``budget=inf``
 switches every privacy noise off (the intervals are then the classical sandwich
@@ -156,7 +171,10 @@ class Calibration(NamedTuple):
     num_samples: Monte Carlo draws ``m`` (``quantiles="monte_carlo"``).
     rounding: ``(a0, a_theta, a_lin)``: the float64 certificate rounding bound is
       ``a0 + a_theta ||theta|| + a_lin ||b||`` (:func:`certified_solve.certificate_rounding_bound`).
-    event: the DpEvent of one interval (Theorem 2 / 4).
+    event: the DpEvent of one interval (Theorem 2 / 4), for the privacy unit ``example`` =
+      one row of ``x``; with ``counts`` (a row used ``k`` times) it is the group-privacy event
+      of :func:`_group_privacy_event` at ``k = group_size`` (what is spent per interval).
+    group_size: the largest row multiplicity ``k`` (1 without ``counts``).
   """
 
   loss: str
@@ -179,6 +197,7 @@ class Calibration(NamedTuple):
   num_samples: int
   rounding: tuple
   event: Any
+  group_size: int = 1
 
 
 def calibrate(*, num_examples: int, dim: int, budget: float, loss: str = "logistic",
@@ -515,20 +534,61 @@ def _intervals_jit(keys, theta_hat, x, y, w, pvec, *, batched, **static):
                   keys, w, theta_hat)
 
 
-def _prepare(x, y, counts, batched):
-  x = _validation.check_unit_ball(np.asarray(x, np.float64), "x")
+def _group_privacy_event(event: Any, group_size: int) -> Any:
+  r"""The event of ``event``'s mechanism when ``group_size`` records change at once.
+
+  Leafwise: ``PureDpEvent(eps) -> PureDpEvent(k eps)`` (Dwork & Roth 2014, Thm 2.2: an
+  ``eps``-DP mechanism is ``k eps``-DP for datasets at replace-distance ``k``, through the
+  chain of ``k`` intermediate neighbours) and ``ZCDpEvent(rho) -> ZCDpEvent(k^2 rho)`` (Bun &
+  Steinke 2016, Prop. 27). Composition commutes with the map (``k sum eps_i = sum k eps_i``;
+  ``k^2 sum rho_i``), and a pure ``eps`` leaf that an accountant converts to ``eps^2/2``-zCDP
+  (Prop. 1) gives ``(k eps)^2/2 = k^2 eps^2/2`` either way. ``group_size = 1`` returns
+  ``event`` unchanged.
+  """
+  k = int(group_size)
+  if k == 1 or isinstance(event, (events.NonPrivateDpEvent, events.NoOpDpEvent)):
+    return event
+  if isinstance(event, events.ComposedDpEvent):
+    return events.ComposedDpEvent([_group_privacy_event(e, k) for e in event.events])
+  if isinstance(event, events.PureDpEvent):
+    return events.PureDpEvent(k * event.epsilon, neighbouring=event.neighbouring, unit=event.unit)
+  if isinstance(event, events.ZCDpEvent):
+    return events.ZCDpEvent(k * k * event.rho, neighbouring=event.neighbouring,
+                            unit=event.unit)
+  raise ValueError(f"no group-privacy rule for {type(event).__name__} in this module.")
+
+
+def _releases(keys: Any, batched: bool) -> int:
+  """The number of independent releases of one call: one interval per key (``M`` batched)."""
+  return int(keys.shape[0]) if batched else 1
+
+
+def _check_shapes(x, y):
+  """Shapes before any work: ``x`` (N, d) with N, d >= 1; ``y`` (N,)."""
   if x.ndim != 2:
     raise ValueError(f"x must be (N, d), got shape {x.shape}.")
+  if x.shape[0] == 0 or x.shape[1] == 0:
+    raise ValueError(f"x must have at least one row and one column, got shape {x.shape} "
+                     "(empty data).")
+  if np.ndim(y) != 1 or np.shape(y)[0] != x.shape[0]:
+    raise ValueError(f"y must be (N,) with one label per row of x (N = {x.shape[0]}), got "
+                     f"shape {np.shape(y)}.")
+
+
+def _prepare(x, y, counts, batched):
+  x = _validation.check_numeric_array(x, "x")
+  _check_shapes(x, y)
+  x = _validation.check_unit_ball(x.astype(np.float64), "x")
   ys = sensitivities.as_signed_labels(y, "y")
-  if ys.shape[0] != x.shape[0]:
-    raise ValueError(f"y has {ys.shape[0]} labels for {x.shape[0]} rows of x.")
   if counts is None:
     w = np.ones((x.shape[0],) if not batched else (1, x.shape[0]))
     n = x.shape[0]
   else:
     w = np.asarray(counts)
-    if not np.issubdtype(w.dtype, np.integer) and not np.all(w == np.round(w)):
-      raise ValueError("counts must be non-negative integers (row multiplicities).")
+    integral = np.issubdtype(w.dtype, np.integer) or (
+        np.issubdtype(w.dtype, np.floating) and np.all(np.isfinite(w) & (w == np.round(w))))
+    if w.dtype == bool or not integral:
+      raise ValueError("counts must be finite non-negative integers (row multiplicities).")
     want = (x.shape[0],) if not batched else (w.shape[0] if w.ndim == 2 else -1, x.shape[0])
     if w.shape != want or np.any(w < 0):
       raise ValueError(f"counts must be non-negative integers of shape {want}, got shape "
@@ -564,8 +624,11 @@ def _repair(theta_hat, lin, cert, cal, x, y, w):
 def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="map", workers=1):
   x, ys, w, n = _prepare(x, y, counts, batched)
   cal = _calibrate_memo(num_examples=n, dim=x.shape[1], num_rows=x.shape[0], **kw)
-  if accountant is not None:  # spend before anything is released
-    accountant.spend(cal.event, count=(np.shape(w)[0] if batched else 1))
+  # Group privacy for repeated rows (module docstring): the charge per interval.
+  group = 1 if counts is None else max(1, int(np.max(w)))
+  cal = cal._replace(event=_group_privacy_event(cal.event, group), group_size=group)
+  if accountant is not None:  # spend before anything is released: one event per interval
+    accountant.spend(cal.event, count=_releases(keys, batched))
   static = dict(loss=cal.loss, perturbation=cal.perturbation, privacy=cal.privacy,
                 release_noise=cal.release_noise, quantiles=cal.quantiles,
                 num_samples=cal.num_samples)
@@ -649,7 +712,9 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
       (both at ``2c = Lambda``, Algorithm 2); both are post-processing (module docstring).
     fractions: ``(phi_1, phi_2, phi_3)/budget`` (default: paper 003 Table 2).
     counts: optional ``(N,)`` integer row multiplicities (the dataset in which row ``i``
-      appears ``counts[i]`` times, e.g. a bootstrap replicate); ``n = sum(counts)``.
+      appears ``counts[i]`` times, e.g. a bootstrap replicate); ``n = sum(counts)``. The
+      privacy unit stays one row of ``x``: the event is the group-privacy one at
+      ``k = max(counts)`` (``k phi`` pure, ``k^2 rho`` zCDP; module docstring).
     amp_fraction, tol: Approximate Minima Perturbation share of ``phi_1`` and the certified
       gradient tolerance (objective perturbation; :mod:`jaxdp.training.objective_perturbation`).
     accountant: optional :class:`jaxdp.accounting.PrivacyAccountant` (or budget); the
@@ -678,8 +743,10 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
   ``batch_mode="map"`` the chunks run side by side, one per core
   (:func:`jaxdp.training.batching.cpu_workers`, ``$JAXDP_CPU_WORKERS``), with results
   bit-identical to running them one after another. Each replicate is a separate release;
-  an ``accountant`` is charged ``M`` times the event. Returns numpy arrays with a leading
-  axis ``M``.
+  an ``accountant`` is charged ``M`` times the event (``counts=None`` included: ``M`` keys
+  are ``M`` independent releases on the same rows), BEFORE anything is computed; with
+  ``counts`` the event is the group-privacy one at the largest multiplicity of all
+  replicates (module docstring). Returns numpy arrays with a leading axis ``M``.
 
   ``batch_mode``: ``"map"`` (``jax.lax.map`` over the chunk inside one jit: on a CPU about
   3x faster per interval than ``"vmap"``, whose batched while-loops run every replicate to
@@ -691,6 +758,10 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
   # The library's one rule for "auto" (map on a CPU, vmap on an accelerator); it validates too.
   batch_mode = linear.resolve_batch_mode(batch_mode)
   _validation.check_key(keys, "keys", allow_batch=True)
+  key_ndim = keys.ndim - (0 if jax.dtypes.issubdtype(keys.dtype, jax.dtypes.prng_key) else 1)
+  if key_ndim != 1 or keys.shape[0] == 0:
+    raise ValueError(f"keys must be a one-dimensional batch of at least one key (M keys: M "
+                     f"intervals), got a batch of shape {keys.shape}.")
   num = keys.shape[0]
   if chunk_size is None:
     chunk_size = 64 if jax.default_backend() == "cpu" else 512

@@ -32,6 +32,14 @@ Huberized hinge     ``1/(n h)`` (Lemma 5, App. A.8)   ``2/n`` (Lemma 4, App. A.7
 
 (``S`` the sigmoid.) Each is ``(2/n) max_{x, y} ||vec(a a^T)||`` for the per-example
 rank-one term ``a a^T`` (triangle inequality), and ``||vec(x x^T)|| = ||x||^2 <= 1``.
+
+With row multiplicities ``w_i`` these bounds are for ONE replaced record of the weighted
+multiset (``n = sum w_i`` records). Replacing a row of ``x`` that has multiplicity ``k``
+replaces ``k`` records and moves each matrix by up to ``k`` times the bound (the same
+triangle inequality, ``w_i = k`` in front of the rank-one term); the pipeline
+(:mod:`jaxdp.inference.intervals`) does not widen the sensitivities but accounts a row of
+multiplicity ``k`` by group privacy (``k phi`` pure, ``k^2 rho`` zCDP), which is the same
+guarantee for these additive mechanisms.
 """
 
 from __future__ import annotations
@@ -73,10 +81,15 @@ def as_signed_labels(y: Any, name: str = "y") -> np.ndarray:
     return arr.astype(np.float64)
   if np.all(pos | (arr == 0)):
     return np.where(pos, 1.0, -1.0)
-  vals = np.unique(arr)
-  shown = ", ".join(map(str, vals[:6])) + (", ..." if vals.size > 6 else "")
-  raise ValueError(f"{name} must hold labels in {{-1, +1}} or {{0, 1}} (paper 003 Sec. 3), got "
-                   f"values {{{shown}}}.")
+  # Name the rule and the first offending row, never a label value (it is private data).
+  in_pm1 = np.isin(arr, (-1, 1)) if np.issubdtype(arr.dtype, np.number) else np.zeros(
+      arr.shape, bool)
+  in_01 = np.isin(arr, (0, 1)) if np.issubdtype(arr.dtype, np.number) else in_pm1
+  # Report against the label set the data mostly uses (the row that breaks it).
+  bad = ~in_01 if in_01.sum() >= in_pm1.sum() else ~in_pm1
+  row = int(np.flatnonzero(bad)[0])
+  raise ValueError(f"{name} must hold labels in {{-1, +1}} or {{0, 1}} (paper 003 Sec. 3); "
+                   f"{name}[{row}] is outside the label set (both sets cannot be mixed).")
 
 
 def loss_derivatives(margin: jax.Array, loss: str, h: Any = 0.5) -> tuple[jax.Array, jax.Array]:

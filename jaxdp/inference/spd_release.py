@@ -86,10 +86,15 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
       caller accounts for (replace-one for paper 003 Lemmas 2-5), ``> 0``.
     budget: ``phi`` (epsilon for ``privacy="pure"``, rho for ``"zcdp"``), ``> 0``.
     privacy: ``"pure"`` or ``"zcdp"``.
-    floor: lower bound on the released eigenvalues (paper: ``2c``; see the module docstring).
+    floor: lower bound on the released eigenvalues (paper: ``2c``; see the module docstring);
+      a real number (``-inf`` allowed: no floor), not NaN or ``+inf``.
 
   Returns:
     The released ``(d, d)`` symmetric matrix with every eigenvalue ``>= floor``.
+
+  Raises:
+    ValueError: naming ``sensitivity`` (not ``> 0``), ``budget`` (not ``> 0``), ``floor``
+      (NaN, ``+inf`` or not a real scalar), ``privacy``, or ``matrix`` (not square, not finite).
 
   Describe the release with :func:`priv_spd_matrix_event`. Traced arguments are not
   validated (the pipeline in :mod:`jaxdp.inference.intervals` validates on the host).
@@ -99,6 +104,11 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
   for val, name in ((sensitivity, "sensitivity"), (budget, "budget")):
     if not isinstance(val, jax.core.Tracer):
       _validation.check_positive(val, name, allow_inf=(name == "budget"))
+  if not isinstance(floor, jax.core.Tracer):
+    fl = float(floor) if _is_real_scalar(floor) else None
+    if fl is None or math.isnan(fl) or fl == math.inf:
+      raise ValueError(f"floor must be a real number (an eigenvalue lower bound, -inf allowed), "
+                       f"got {floor!r}.")
   matrix = jnp.asarray(matrix)
   if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
     raise ValueError(f"matrix must be square (d, d), got shape {matrix.shape}.")
@@ -107,6 +117,16 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
   noisy = matrix.astype(dtype) + spd_noise(key, matrix.shape[0], sensitivity, budget,
                                            privacy=privacy, dtype=dtype)
   return symmetrize_and_floor(noisy, floor)[0]
+
+
+def _is_real_scalar(value: Any) -> bool:
+  if isinstance(value, (bool, str)) or jnp.ndim(value) != 0:
+    return False
+  try:
+    float(value)
+  except (TypeError, ValueError):
+    return False
+  return not jnp.iscomplexobj(value)
 
 
 def priv_spd_matrix_event(budget: float, *, privacy: str = "pure",

@@ -32,9 +32,25 @@ Mechanisms: :func:`laplace_mechanism`, :func:`gaussian_mechanism` (analytic),
 :func:`classic_gaussian_mechanism`, :func:`zcdp_gaussian_mechanism`,
 :func:`l2_laplace_mechanism`, :func:`exponential_mechanism`,
 :func:`report_noisy_max_laplace`, :func:`report_noisy_max_gaussian`.
+
+Hardened path (:mod:`jaxdp.mechanisms.discrete`): :func:`discrete_laplace_mechanism`
+(``eps``-DP) and :func:`discrete_gaussian_mechanism` (``rho``-zCDP) release on a
+public grid ``grid_step * Z`` with exact integer noise (Canonne, Kamath &
+Steinke 2020), so their support does not depend on the data; prefer them for
+low-dimensional releases (counts, quantiles, means, predictions). The
+continuous samplers' formal ``(eps, delta_tail)`` statement is in
+:mod:`jaxdp.mechanisms._sampling`.
 """
 
 from jaxdp.mechanisms._common import noise_scale_as
+from jaxdp.mechanisms.discrete import discrete_gaussian_mechanism
+from jaxdp.mechanisms.discrete import discrete_gaussian_mechanism_event
+from jaxdp.mechanisms.discrete import discrete_gaussian_noise
+from jaxdp.mechanisms.discrete import discrete_gaussian_variance
+from jaxdp.mechanisms.discrete import discrete_laplace_mechanism
+from jaxdp.mechanisms.discrete import discrete_laplace_mechanism_event
+from jaxdp.mechanisms.discrete import discrete_laplace_noise
+from jaxdp.mechanisms.discrete import discrete_laplace_scale
 from jaxdp.mechanisms.exponential import exponential_mechanism
 from jaxdp.mechanisms.exponential import exponential_mechanism_beta
 from jaxdp.mechanisms.exponential import exponential_mechanism_epsilon
@@ -71,6 +87,14 @@ from jaxdp.mechanisms.noisy_max import report_noisy_max_laplace_event
 
 __all__ = [
     "noise_scale_as",
+    "discrete_gaussian_mechanism",
+    "discrete_gaussian_mechanism_event",
+    "discrete_gaussian_noise",
+    "discrete_gaussian_variance",
+    "discrete_laplace_mechanism",
+    "discrete_laplace_mechanism_event",
+    "discrete_laplace_noise",
+    "discrete_laplace_scale",
     "analytic_gaussian_sigma",
     "classic_gaussian_mechanism",
     "classic_gaussian_mechanism_event",

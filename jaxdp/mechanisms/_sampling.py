@@ -1,69 +1,181 @@
-"""Continuous samplers with long float32 tails.
+"""Continuous samplers whose float32 tails reach beyond any relevant ``delta``.
 
-``jax.random.laplace`` and ``jax.random.normal`` map one float32 uniform with a
-2^-23 grid through the inverse CDF, so their float32 output is bounded:
-``|Lap(1)| <= ~16.6`` and ``|N(0, 1)| <= ~5.42``. Bounded noise breaks the
-density-ratio argument of the Laplace/Gaussian mechanisms at the edge of the
-support: an output beyond ``f(D') + bound`` is possible under ``D`` and
-impossible under ``D'``. For a Gaussian with ``Delta/sigma = 0.27`` in
+Why tails matter. ``jax.random.laplace`` and ``jax.random.normal`` map one
+float32 uniform with a 2^-23 grid through the inverse CDF, so their float32
+output is bounded: ``|Lap(1)| <= ~16.6`` and ``|N(0, 1)| <= ~5.42``. Bounded
+noise breaks the density-ratio argument of the Laplace/Gaussian mechanisms at
+the edge of the support: an output beyond ``f(D') + bound`` is possible under
+``D`` and impossible under ``D'``. For a Gaussian with ``Delta/sigma = 0.27`` in
 ``d = 7840`` coordinates the mass of such outputs is of order
 ``phi(5.42) sqrt(d) Delta/sigma ~ 4e-6``, the size of a typical ``delta``.
 
-Laplace: the tail-relevant uniform has a 2^-46 grid (two 23-bit words), so
-``Exp(1) = -log U`` reaches ``46 ln 2 = 31.9``: ``|Lap(1)| <= 31.9`` (tail
-mass beyond ``e^-31.9 = 1.4e-14``), ``sign * E``.
+No sampler that consumes a bounded number of random bits can be exactly
+pure-DP (or zCDP): its noise takes finitely many values, so the largest output
+``f(D) + max noise`` is impossible under a neighbour with ``f(D') < f(D)``, an
+infinite privacy loss with probability at least the mass of that atom
+(``>= 2^-bits``). The achievable goal is to make that probability negligible
+and to state it. Here every draw spends 128 random bits (two Threefry-2x32
+blocks), which pushes the cut to:
 
-Gaussian: Box-Muller (Box & Muller 1958: ``2E = R^2 ~ chi^2_2`` and the angle
-is uniform), ``sqrt(2E) (cos 2 pi V, sin 2 pi V)`` with ``E = -log U``, from
-exactly 64 random bits per PAIR of outputs, both words of one Threefry-2x32
-block (``jax.random.normal`` spends a whole block per output): 41 bits for
-the radius uniform ``U`` on a 2^-41 grid in (0, 1] and 23 bits for the
-angle ``V``. So
-``|N(0,1)| <= sqrt(2 * 41 ln 2) = 7.54`` (``P(|Z| > 7.54) = 4.7e-14``; the
-boundary mass of the first paragraph becomes ``phi(7.54) sqrt(d) Delta/sigma
-~ 2e-13 sqrt(d) Delta/sigma``, ~1e-10 even for a million coordinates). The
-angle's cosine and sine are evaluated without ``jnp.cos``/``jnp.sin``: the
+* Laplace (:func:`standard_laplace`): 1 sign bit and a 127-bit uniform
+  ``U = (N + 1) 2^-127``; ``E = -log U`` reaches ``127 ln 2 = 88.03``, so
+  ``|Lap(1)| <= 88.03`` and the cut-off mass is ``P(Exp(1) > 127 ln 2) =
+  2^-127 = 5.9e-39`` per coordinate (was ``31.9`` and ``1.4e-14`` with 46 bits).
+* Gaussian (:func:`standard_normal`, Box-Muller, Box & Muller 1958:
+  ``R^2/2 = E ~ Exp(1)`` and an independent uniform angle): per PAIR of outputs
+  a 105-bit radius uniform and a 23-bit angle, so ``R <= sqrt(210 ln 2) = 12.06``
+  (``|N(0, 1)| <= 12.06``, was ``7.54``) and the cut-off mass is
+  ``P(R > 12.06) = 2^-105 = 2.5e-32`` per pair.
+* Gamma / L2-Laplace radius (:func:`standard_gamma_integer`): a sum of ``d``
+  exponentials from 128-bit uniforms, each cut at ``128 ln 2 = 88.7`` with mass
+  ``2^-128 = 2.9e-39``.
+
+The multi-word uniform is turned into ``-log U`` without subnormals
+(:func:`exponential_from_words`): with ``j`` the first non-zero chunk of
+``N``'s bits, ``-log U = (bits before chunk j) ln 2 - log(u_j)`` where
+``u_j in (2^-32, 1]`` is read from chunks ``j`` and ``j + 1`` in float32
+(the neglected lower chunks change ``u_j`` by a relative ``<= 2^-32``).
+
+Formal statement (the route taken for issue 26: the tail is NOT added to the
+DpEvents; the cut is pushed beyond any relevant ``delta`` and the residual is
+stated here and in ``docs/sharp_edges.md``, "Floating-point outputs and the
+discrete path"). Model the sampler in real arithmetic: the noise equals the
+exact noise (``-log U*`` with ``U*`` uniform on ``(0, 1]``; Box-Muller with an
+exact radius) except on the *tail event* ``T`` that some draw's ``U*`` falls
+below ``2^-B`` (``B`` = 127, 105, 128 above), where the cut value is returned
+instead. The two are coupled to agree outside ``T``, so their total variation
+distance is at most ``tau = P(T) <= (number of draws) * 2^-B``. If the exact
+mechanism is ``(eps, delta)``-DP, then for every output set ``S``
+``P[M(D) in S] <= P[M*(D) in S] + tau <= e^eps P[M*(D') in S] + delta + tau
+<= e^eps P[M(D') in S] + delta + (1 + e^eps) tau``: the sampler's mechanism is
+``(eps, delta + (1 + e^eps) tau)``-DP. The same holds for every point of the
+privacy profile an accountant computes from the events (pure ``eps``,
+``rho``-zCDP converted to ``(eps, delta)``, composition: the ``tau`` of the
+releases add up). So a "pure ``eps``-DP" release of ``d`` Laplace
+coordinates is formally ``(eps, (1 + e^eps) d 2^-127)``-DP (for the Laplace
+mechanism directly, ``(eps, (d - 1 + e^eps) 2^-127)``: the outputs whose
+density ratio is not bounded by ``e^eps`` lie in the tail beyond
+``88.03 - Delta_i/b`` in some coordinate ``i``), and a ``rho``-zCDP
+Gaussian release of ``d`` coordinates is ``(eps, delta_rho(eps) + (1 + e^eps)
+ceil(d/2) 2^-105)``-DP for every ``eps``. :func:`tail_delta` computes that
+residual: a billion Gaussian coordinates per step for a million steps
+(``2^50`` coordinates, ``2^49`` pairs) gives ``tau = 2^-56 = 1.4e-17``, i.e.
+``5e-17`` at ``eps = 1`` and ``3e-13`` at ``eps = 10``; a million Laplace
+coordinates gives ``(1 + e^eps) 6e-33``. Both are far below any ``delta`` in
+use. (The exponential mechanism's Gumbel noise uses
+``jax.random.gumbel(mode="highest")``, 64-bit uniforms: ``tau <= 2 C 2^-64``
+per row of ``C`` candidates.)
+
+What the real-arithmetic model leaves out is the float grid itself: outputs
+are float32 numbers whose low-order bits depend on ``f(D)`` (Mironov 2012;
+Jin et al. 2022), so no float mechanism is formally DP on arbitrary real
+inputs. For low-dimensional releases use the discrete mechanisms of
+:mod:`jaxdp.mechanisms.discrete` (exact integer noise on a public grid).
+
+The angle's cosine and sine are evaluated without ``jnp.cos``/``jnp.sin``: the
 angle is ``q pi/2 + x`` with the quadrant ``q`` and ``|x| <= pi/4`` read off
 the integer angle exactly, and ``sin x``, ``cos x`` are Taylor polynomials of
 degree 9 and 10 (truncation error ``< 2e-9`` on ``|x| <= pi/4``; measured
-``<= 1e-7`` absolute with float32 rounding). These choices make the sampler
-about twice as fast as ``jax.random.normal`` on CPU; the Threefry counters
-form an even-length array (odd lengths are several times slower on
-XLA:CPU), and the two halves are joined along an array axis (see
+``<= 1e-7`` absolute with float32 rounding). The Threefry counters form an
+even-length array (odd lengths are several times slower on XLA:CPU), and the
+two halves of the Box-Muller pairs are joined along an array axis (see
 :func:`standard_normal`).
-
-The remaining floating-point caveat (outputs lie on a float grid; Mironov 2012) is
-listed in ``docs/sharp_edges.md``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.random import threefry2x32_p as _threefry2x32_p
 
-_MANTISSA_BITS = 23
-_TWO_POW_M23 = float(2.0**-_MANTISSA_BITS)
+_LN2 = math.log(2.0)
+
+# Bits of the tail-deciding uniform of one draw, and the cut-off mass 2^-bits.
+LAPLACE_UNIFORM_BITS = 127
+GAUSSIAN_RADIUS_BITS = 105
+GAMMA_UNIFORM_BITS = 128
+LAPLACE_CUT = LAPLACE_UNIFORM_BITS * _LN2  # |Lap(1)| <= 88.03
+GAUSSIAN_CUT = math.sqrt(2.0 * GAUSSIAN_RADIUS_BITS * _LN2)  # |N(0, 1)| <= 12.06
+LAPLACE_TAIL_PROB = 2.0**-LAPLACE_UNIFORM_BITS  # per coordinate
+GAUSSIAN_TAIL_PROB = 2.0**-GAUSSIAN_RADIUS_BITS  # per Box-Muller pair
+GAMMA_TAIL_PROB = 2.0**-GAMMA_UNIFORM_BITS  # per exponential summand
 
 
-def exponential_from_bits(word_hi: jax.Array, word_lo: jax.Array, dtype: Any) -> jax.Array:
-  """``Exp(1) = -log U`` with ``U = (hi * 2^23 + lo + 1) 2^-46`` in ``(0, 1]``.
+def tail_delta(epsilon: float, laplace_coordinates: int = 0, gaussian_coordinates: int = 0,
+               gamma_summands: int = 0) -> float:
+  """The residual ``(1 + e^eps) tau`` that the samplers' cut adds to ``delta`` (float64).
 
-  ``hi`` and ``lo`` are the top 23 bits of two uint32 words, so ``U`` is uniform
-  on a grid of ``2^46`` points and ``-log U`` ranges over ``[0, 46 ln 2]``.
+  ``tau`` bounds the probability that any of the listed draws falls beyond its
+  cut: ``laplace_coordinates 2^-127 + ceil(gaussian_coordinates / 2) 2^-105 +
+  gamma_summands 2^-128`` (an L2-Laplace draw of ``d`` coordinates has ``d``
+  gamma summands and ``d`` Gaussian direction coordinates). See the module
+  docstring for the coupling argument: a mechanism that is
+  ``(eps, delta)``-DP with exact noise is ``(eps, delta + tail_delta(eps, ...))``-DP
+  with these samplers.
   """
-  hi = (word_hi >> 9).astype(dtype)
-  lo = ((word_lo >> 9) + 1).astype(dtype)
-  u = (hi + lo * _TWO_POW_M23) * _TWO_POW_M23  # exact for hi = 0, <= 1 ulp otherwise
-  return -jnp.log(u)
+  tau = (laplace_coordinates * LAPLACE_TAIL_PROB
+         + math.ceil(gaussian_coordinates / 2) * GAUSSIAN_TAIL_PROB
+         + gamma_summands * GAMMA_TAIL_PROB)
+  return (1.0 + math.exp(epsilon)) * tau
 
 
-def uniform_from_bits(word: jax.Array, dtype: Any) -> jax.Array:
-  """``U[0, 1)`` on a 2^-23 grid from the top 23 bits of a uint32 word."""
-  return (word >> 9).astype(dtype) * _TWO_POW_M23
+def exponential_from_words(chunks: Sequence[tuple[jax.Array, int]], dtype: Any) -> jax.Array:
+  """``Exp(1) = -log U`` with ``U = (N + 1) 2^-B`` in ``(0, 1]``, ``N`` read from ``chunks``.
+
+  ``chunks`` is a sequence of ``(word, width)``: uint32 arrays whose values are
+  ``< 2^width`` (the caller masks them), most significant first; ``N`` is their
+  concatenation and ``B`` the sum of the widths, so ``U`` is uniform on a grid
+  of ``2^B`` points and ``-log U`` ranges over ``[0, B ln 2]``. Every width
+  after the first must be 32 (so that reading two chunks is accurate to a
+  relative ``2^-32``).
+
+  With ``j`` the first non-zero chunk (the last one when all are zero) and
+  ``s_j`` the widths before it, ``U = 2^-s_j u_j`` with
+  ``u_j = c_j 2^-w_j + (c_{j+1} + [j+1 last]) 2^-(w_j + w_{j+1}) + ...`` (the
+  last chunk alone: ``(c_last + 1) 2^-w_last``); ``u_j`` lies in
+  ``(2^-32, 1]``, a normal float32, so ``-log U = s_j ln 2 - log u_j`` needs no
+  subnormal and one ``log``.
+  """
+  words = [c for c, _ in chunks]
+  widths = [int(w) for _, w in chunks]
+  if any(w != 32 for w in widths[1:]) or not 0 < widths[0] <= 32:
+    raise ValueError(f"chunk widths must be (w <= 32, 32, ..., 32), got {widths}.")
+  last = len(words) - 1
+  f = lambda c: c.astype(dtype)
+  # last level: (c_last + 1) 2^-w_last (the +1 in float32: c_last + 1 may be 2^32)
+  u = (f(words[last]) + 1.0) * float(2.0**-widths[last])
+  shift = jnp.full(u.shape, float(sum(widths[:last])), dtype)
+  for j in range(last - 1, -1, -1):
+    nxt = f(words[j + 1]) + (1.0 if j + 1 == last else 0.0)
+    u_j = f(words[j]) * float(2.0**-widths[j]) + nxt * float(2.0**-(widths[j] + widths[j + 1]))
+    nonzero = words[j] != 0
+    u = jnp.where(nonzero, u_j, u)
+    shift = jnp.where(nonzero, float(sum(widths[:j])), shift)
+  e_far = shift * _LN2 - jnp.log(u)
+  # Near U = 1, u rounds to 1.0 in float32 (probability ~2^-(w_0 + 16)) and -log u
+  # would be exactly 0 (a zero Box-Muller radius: 0/0 in a 1-D uniform direction).
+  # There 1 - U = (~N) 2^-B exactly (complement of N in B bits), summed smallest
+  # chunk first (each term exact, one rounding per add), and -log1p(-(1 - U)) is
+  # accurate; it is 0 only when N = 2^B - 1 (probability 2^-B, as in real arithmetic),
+  # or when 1 - U < 2^-126 flushes to zero as a float32 subnormal (B = 127 only:
+  # probability 2^-126, an atom inside the stated tail residual's order).
+  # Summed in units of 2^-ref, ref = the first two widths, so that every constant is a
+  # normal float32 (XLA folds a product of constants into one, and 2^-127 is subnormal).
+  ref = sum(widths[:2])
+  scaled = jnp.zeros(u.shape, dtype)
+  for j in range(last, -1, -1):
+    complement = jnp.bitwise_and(jnp.invert(words[j]), np.uint32(2**widths[j] - 1))
+    scaled = scaled + f(complement) * float(2.0**(ref - sum(widths[:j + 1])))
+  one_minus_u = scaled * float(2.0**-ref)
+  e_near = -jnp.log1p(-one_minus_u)
+  return jnp.where(one_minus_u <= 0.5, e_near, e_far)
+
+
+_HALF_PI_2M21 = float(np.pi / 2.0 * 2.0**-21)
 
 
 def _compute_dtype(dtype: Any) -> Any:
@@ -71,30 +183,26 @@ def _compute_dtype(dtype: Any) -> Any:
   return jnp.promote_types(dtype, jnp.float32)
 
 
+def _four_words(key: jax.Array, shape: tuple[int, ...]) -> list[jax.Array]:
+  """Four independent uint32 arrays of ``shape`` from two Threefry blocks per entry."""
+  w0, w1 = threefry_word_pairs(key, (2,) + tuple(shape))
+  return [w0[0], w1[0], w0[1], w1[1]]
+
+
+_LOW31 = np.uint32(0x7FFFFFFF)
+
+
+def laplace_from_words(words: Sequence[jax.Array], dtype: Any) -> jax.Array:
+  """``Lap(1)`` from four uint32 words: sign = top bit of word 0, ``Exp(1)`` from the other 127 bits."""
+  a, b, c, d = words
+  magnitude = exponential_from_words([(a & _LOW31, 31), (b, 32), (c, 32), (d, 32)], dtype)
+  return jnp.where((a >> 31) == 1, magnitude, -magnitude)
+
+
 def standard_laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-  """``Lap(1)`` (density ``e^{-|x|}/2``) as ``sign * Exp(1)``, ``|x| <= 31.9``."""
+  """``Lap(1)`` (density ``e^{-|x|}/2``) as ``sign * Exp(1)``, ``|x| <= 127 ln 2 = 88.03``."""
   cdt = _compute_dtype(dtype)
-  words = jax.random.bits(key, (2,) + shape, jnp.uint32)
-  magnitude = exponential_from_bits(words[0], words[1], cdt)
-  sign = jnp.where((words[0] >> 8) & 1 == 1, 1.0, -1.0).astype(cdt)
-  return (sign * magnitude).astype(dtype)
-
-
-_RADIUS_BITS = 41  # 32 bits of word 0 + the low 9 bits of word 1
-_HALF_PI_2M21 = float(np.pi / 2.0 * 2.0**-21)
-
-
-def radius_uniform_from_bits(word0: jax.Array, word1: jax.Array, dtype: Any) -> jax.Array:
-  """``U = (hi + (mid + 1) 2^-18) 2^-23`` in ``(0, 1]`` on a 2^-41 grid.
-
-  ``hi`` = the top 23 bits of ``word0``; ``mid`` = its low 9 bits followed by
-  the low 9 bits of ``word1`` (18 bits). ``hi`` and ``mid + 1 <= 2^18`` are
-  exact in float32, and for ``hi = 0`` (the tail, ``U <= 2^-23``) so is ``U``;
-  otherwise ``U`` is rounded once (relative error ``<= 2^-24``).
-  """
-  hi = (word0 >> 9).astype(dtype)
-  mid = (((word0 & 511) << 9) | (word1 & 511)) + 1
-  return (hi + mid.astype(dtype) * float(2.0**-18)) * _TWO_POW_M23
+  return laplace_from_words(_four_words(key, shape), cdt).astype(dtype)
 
 
 def cos_sin_from_bits(word: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array]:
@@ -125,14 +233,21 @@ def cos_sin_from_bits(word: jax.Array, dtype: Any) -> tuple[jax.Array, jax.Array
   return cos, sin
 
 
-def normal_pairs_from_bits(word0: jax.Array, word1: jax.Array,
-                           dtype: Any) -> tuple[jax.Array, jax.Array]:
-  """Box-Muller: two independent ``N(0, 1)`` arrays from two uint32 word arrays.
+_LOW9 = np.uint32(511)
 
-  See the module docstring.
+
+def normal_pairs_from_words(words: Sequence[jax.Array], dtype: Any) -> tuple[jax.Array, jax.Array]:
+  """Box-Muller: two independent ``N(0, 1)`` arrays from four uint32 word arrays.
+
+  The angle is the top 23 bits of ``words[3]`` (:func:`cos_sin_from_bits`);
+  the radius is ``sqrt(2 E)`` with ``E = -log U`` for the 105-bit uniform made
+  of the low 9 bits of ``words[3]`` followed by ``words[0..2]``
+  (:func:`exponential_from_words`), so ``R <= sqrt(210 ln 2) = 12.06``.
   """
-  radius = jnp.sqrt(-2.0 * jnp.log(radius_uniform_from_bits(word0, word1, dtype)))
-  cos, sin = cos_sin_from_bits(word1, dtype)
+  a, b, c, d = words
+  e = exponential_from_words([(d & _LOW9, 9), (a, 32), (b, 32), (c, 32)], dtype)
+  radius = jnp.sqrt(2.0 * e)
+  cos, sin = cos_sin_from_bits(d, dtype)
   return radius * cos, radius * sin
 
 
@@ -168,9 +283,9 @@ def threefry_word_pairs(key: jax.Array, shape: tuple[int, ...]) -> tuple[jax.Arr
 
 
 def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
-  """``N(0, 1)`` by Box-Muller with a 41-bit radius uniform, ``|x| <= 7.54``.
+  """``N(0, 1)`` by Box-Muller with a 105-bit radius uniform, ``|x| <= 12.06``.
 
-  One Threefry block (:func:`threefry_word_pairs`) per pair of outputs. When
+  Two Threefry blocks (:func:`threefry_word_pairs`) per pair of outputs. When
   some axis has even length (the first with a length divisible by 4, else
   the first even one: axis ``k``), word pairs of
   ``shape`` with axis ``k`` halved give the cosine half and the sine half of
@@ -187,13 +302,11 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.A
   if even:
     axis = even[0]
     half = shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:]
-    w0, w1 = threefry_word_pairs(key, half)
-    z_cos, z_sin = normal_pairs_from_bits(w0, w1, cdt)
+    z_cos, z_sin = normal_pairs_from_words(_four_words(key, half), cdt)
     return jnp.concatenate([z_cos, z_sin], axis=axis).astype(dtype)
   size = int(np.prod(shape, dtype=np.int64))
   pairs = (size + 1) // 2
-  w0, w1 = threefry_word_pairs(key, (pairs,))
-  z_cos, z_sin = normal_pairs_from_bits(w0, w1, cdt)
+  z_cos, z_sin = normal_pairs_from_words(_four_words(key, (pairs,)), cdt)
   # slice before concatenating: a slice of the concatenation is not fused on XLA:CPU
   z = jnp.concatenate([z_cos, z_sin[:size - pairs]])
   return z.reshape(shape).astype(dtype)
@@ -202,9 +315,12 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.A
 def standard_gamma_integer(key: jax.Array, dim: int, dtype: Any) -> jax.Array:
   """``Gamma(dim, 1)`` for an integer ``dim`` as a sum of ``dim`` i.i.d. ``Exp(1)``.
 
-  Exact in law (no rejection loop, no truncation near the mean: the support
-  reaches ``31.9 dim``), at the cost of ``2 dim`` random words.
+  Exact in law (no rejection loop, no truncation near the mean), at the cost
+  of two Threefry blocks per summand: each ``Exp(1)`` is ``-log U`` for a
+  128-bit uniform (cut at ``128 ln 2 = 88.7``, cut-off mass ``2^-128`` per
+  summand).
   """
   cdt = _compute_dtype(dtype)
-  words = jax.random.bits(key, (2, dim), jnp.uint32)
-  return jnp.sum(exponential_from_bits(words[0], words[1], cdt)).astype(dtype)
+  words = _four_words(key, (dim,))
+  exps = exponential_from_words([(w, 32) for w in words], cdt)
+  return jnp.sum(exps).astype(dtype)

@@ -25,6 +25,14 @@ derived from the privacy target, for a function of L2 sensitivity
 
 The sigma helpers take ``(epsilon, delta, sensitivity)`` like the accounting
 package; the mechanisms take ``(key, value, l2_sensitivity, epsilon, delta)``.
+Sampling: Box-Muller with a 105-bit radius uniform (``|N(0, 1)| <= 12.06``;
+:mod:`jaxdp.mechanisms._sampling`). A cut noise has infinite Renyi divergence,
+so formally each guarantee above holds with ``delta`` increased by
+``(1 + e^eps) ceil(d/2) 2^-105`` for ``d`` coordinates (the tail is stated,
+not added to the events; ``_sampling.tail_delta`` computes it), and in real
+arithmetic (the float-lattice caveat: ``docs/sharp_edges.md``, and the
+discrete mechanisms of :mod:`jaxdp.mechanisms.discrete`).
+
 Mechanisms refuse a zero sensitivity (a zero sensitivity means zero noise,
 which is almost always a bug upstream; a truly constant function needs no
 mechanism at all).

@@ -44,11 +44,13 @@ def l2_laplace_radius(
   """Draws the norm ``||b||_2 ~ Gamma(d, scale=1/beta)``, ``d = prod(shape)``.
 
   ``Gamma(d, 1)`` for integer ``d`` is drawn exactly as a sum of ``d``
-  i.i.d. ``Exp(1)`` (each from a 46-bit uniform), rather than with
+  i.i.d. ``Exp(1)`` (each from a 128-bit uniform, cut-off mass ``2^-128``;
+  see :mod:`jaxdp.mechanisms._sampling` for the formal ``(eps, delta_tail)``
+  statement), rather than with
   ``jax.random.gamma``, whose float32 rejection sampler builds on a normal
   truncated near ``5.4`` standard deviations (so the radius would stop about
   ``5.4 sqrt(d)/beta`` above its mean) and compiles slowly. Costs ``2d``
-  random words.
+  Threefry blocks.
   """
   _common.check_key(key)
   _common.check_dtype(dtype)

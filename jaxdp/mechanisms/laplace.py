@@ -37,9 +37,13 @@ def laplace_noise(
   finite and >= 0 (``scale = 0`` gives zeros, e.g. for non-private baselines)
   and are cast to ``dtype`` rounding *up* (:func:`_common.noise_scale_as`).
   Mean 0, variance ``2 scale^2``, ``P(|X| > t) = exp(-t/scale)``. Drawn as
-  ``sign * Exp(1)`` with a 46-bit uniform, so float32 samples reach
-  ``31.9 scale`` (``jax.random.laplace`` stops near ``16.6 scale``, which leaks
-  a ``delta`` of order ``1e-7``; see :mod:`jaxdp.mechanisms._sampling`).
+  ``sign * Exp(1)`` with a 127-bit uniform (two Threefry blocks), so float32
+  samples reach ``88.03 scale`` and the cut-off mass is ``2^-127`` per
+  coordinate (``jax.random.laplace`` stops near ``16.6 scale``, which leaks a
+  ``delta`` of order ``1e-7``). The exact formal statement (a pure
+  ``eps``-DP release of ``d`` coordinates is ``(eps, (d - 1 + e^eps)
+  2^-127)``-DP in real arithmetic; the float grid is a separate caveat) is in
+  :mod:`jaxdp.mechanisms._sampling`.
 
   Args:
     key: a ``jax.random`` key, used once.

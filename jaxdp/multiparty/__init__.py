@@ -15,6 +15,13 @@ perturbation:
 
 **The privacy unit is a whole party** (all its samples replaced, ``M``
 fixed): every event is tagged ``neighbouring="replace_one", unit="party"``.
+The three releases take an optional ``accountant=`` (a
+``PrivacyAccountant(unit="party")`` or ``PrivacyBudget``), charged one event
+per key after validation and before any computation on the data; they return
+only the noisy weights, the event and the public calibration. The vote
+counts, soft labels, majority labels, :func:`global_minimizer`,
+:func:`certify_local_classifiers` and :func:`batch_classifier` are
+**non-private** intermediates/baselines (no noise): never release them.
 Pure eps (L2-Laplace, the paper's noise), (eps, delta) (analytic Gaussian) and
 zCDP variants; see :mod:`jaxdp.multiparty.private_global` for the sensitivities.
 """

@@ -22,6 +22,34 @@ Paper 001 = ``../shared/papers/001_learning_privately_from_multiparty_data.md``.
   The local minimisers are certified in float64 (``||w_i - w_i*|| <= tol/lambda``,
   :mod:`jaxdp.training.certified_solve`), adding ``2 tol/(M lambda)``. Needs
   every party's features in the unit L2 ball.
+
+**Which K, and why binary weights must be ``(M, D)``.** ``K`` bounds the norm of
+one sample's loss gradient in the parameterisation that is averaged.
+
+* ``num_classes = 2``, logistic weights ``w`` of shape ``(D,)`` (labels
+  ``{0, 1}``, ``s = 2y - 1``): ``grad l = -s x sigmoid(-s w.x)``, norm ``<= ||x||
+  <= 1``, so ``K = 1`` and ``Delta_avg = 2/(M lambda)`` (+ the ``tol`` term).
+* softmax weights ``W`` of shape ``(D, C)``: ``grad l = x (P - e_y)^T``,
+  Frobenius norm ``||x|| ||P - e_y||_2 <= sqrt(2)``, ``K = sqrt(2)`` for every
+  ``C >= 2`` (Eq. B.4). For ``C = 2`` the per-sample constant is still
+  ``sqrt(2)``: ``||P - e_y||_2 = sqrt(2) (1 - p_y)``, whose supremum is
+  ``sqrt(2)``, so Chaudhuri et al.'s argument gives ``2 sqrt(2)/lambda`` for
+  ``W``. The other route gives the same: the regularised minimiser has ``w_0 =
+  -w_1``, so ``v = w_1 - w_0`` minimises the logistic risk with ``l2_reg =
+  lambda/2`` (``K = 1`` applies to ``v``), and ``||W - W'||_F = ||v - v'||/sqrt(2)
+  <= (2/(lambda/2))/sqrt(2) = 2 sqrt(2)/lambda``.
+
+Neither route proves ``2/lambda`` for ``(D, 2)`` softmax weights: calibrating
+them with the binary ``K = 1`` would claim the guarantee with ``1/sqrt(2)`` of
+the noise its proof needs. So ``num_classes=2`` requires ``(M, D)`` logistic
+weights and refuses ``(M, D, 2)`` softmax weights (refit the parties with
+``loss="logistic"``); ``num_classes = C > 2`` requires ``(M, D, C)``.
+Every shape, the labels (integers in ``[0, C)``) and the finiteness of the
+local weights are checked before anything is computed
+(:func:`check_local_problem`): a ``(1, D)`` weight array for ``M > 1``
+parties, for instance, would otherwise broadcast and release party 0's own
+model with noise sized for an ``M``-party average, and a NaN weight would
+skip the certificate (``NaN > tol`` is False).
 """
 
 from __future__ import annotations
@@ -79,13 +107,21 @@ def certify_local_classifiers(weights: Any, xs: Any, ys: Any, *, num_classes: in
   """
   c = private_global._check_classes(num_classes)
   lam = _validation.check_positive(l2_reg, "l2_reg")
-  w = np.array(weights, np.float64)
+  w, xs, ys_int = check_local_problem(weights, xs, ys, num_classes=c, weights_name="weights")
   xs64 = np.asarray(xs, np.float64)
-  ys_int = np.asarray(ys).astype(np.int64)
+  return _certify(w, xs64, ys_int, c, lam, _check_local_tol(tol, w, xs64, c))
+
+
+def _check_local_tol(tol, w, xs, c) -> float:
+  return certified_solve.check_tol(tol, num_examples=xs.shape[1], dim=int(np.prod(w.shape[1:])),
+                                   loss=_soft_erm.loss_name(c))
+
+
+def _certify(w, xs64, ys_int, c, lam, tol) -> np.ndarray:
+  """The certification loop of :func:`certify_local_classifiers` on validated inputs."""
+  w = np.array(w, np.float64)
   targets = np.eye(c)[ys_int]
   loss = _soft_erm.loss_name(c)
-  tol = certified_solve.check_tol(tol, num_examples=xs64.shape[1], dim=int(np.prod(w.shape[1:])),
-                                  loss=loss)
   g = _soft_erm.certificate(w, xs64, targets, lam, c)
   for i in np.flatnonzero(g > tol):
     cert = certified_solve.certify_minimizers(w[i], xs64[i], ys_int[i], loss=loss, h=0.5,
@@ -94,36 +130,107 @@ def certify_local_classifiers(weights: Any, xs: Any, ys: Any, *, num_classes: in
   return w
 
 
+def _first_bad(mask: np.ndarray) -> str:
+  """``"[i, j]"`` index of the first True entry (the row, never the value)."""
+  return "[" + ", ".join(str(int(t)) for t in np.argwhere(mask)[0]) + "]"
+
+
+def check_local_problem(local_weights: Any, xs: Any, ys: Any, *, num_classes: int,
+                        weights_name: str = "local_weights"
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """Validates the ``M`` parties' local weights and data for :func:`private_parameter_averaging`.
+
+  Rules (each a ``ValueError`` naming the argument and the offending party or
+  row, never a value): ``xs`` finite ``(M, n, D)`` with rows in the unit L2
+  ball; ``ys`` of shape ``(M, n)`` holding integer labels in ``[0, C)`` (binary:
+  ``{0, 1}``, not ``{-1, +1}``); ``local_weights`` finite, ``(M, D)`` for
+  ``num_classes = 2`` (logistic; ``(M, D, 2)`` softmax weights are refused,
+  module docstring) and ``(M, D, C)`` for ``C > 2``, with the same ``M`` and
+  ``D`` as ``xs``.
+
+  Returns:
+    ``(weights, xs, ys)``: the weights (their own dtype), ``xs`` pulled into
+    the unit ball (:func:`jaxdp._validation.check_unit_ball`), int64 labels.
+  """
+  c = private_global._check_classes(num_classes)
+  x = _validation.check_numeric_array(xs, "xs")
+  if x.ndim != 3 or min(x.shape) < 1:
+    raise ValueError(f"xs must be a non-empty (M, n, D) array (parties x samples x features), "
+                     f"got shape {x.shape}.")
+  m, n, d = x.shape
+  x = _validation.check_unit_ball(x.reshape(m * n, d), "xs").reshape(x.shape)
+  y = _validation.check_numeric_array(ys, "ys")
+  if y.shape != (m, n):
+    raise ValueError(f"ys must have shape (M, n) = {(m, n)} to match xs, got {y.shape}.")
+  if np.iscomplexobj(y) or y.dtype == np.bool_:
+    raise ValueError(f"ys must hold integer labels in [0, {c}), got dtype {y.dtype}.")
+  with np.errstate(invalid="ignore"):
+    bad = ~np.isfinite(y) | (y != np.round(y)) | (y < 0) | (y >= c)
+  if np.any(bad):
+    hint = " (binary labels are {0, 1}, not {-1, +1})" if c == 2 else ""
+    raise ValueError(f"ys must hold integer labels in [0, {c}){hint}; ys{_first_bad(bad)} "
+                     "(party, sample) is not one.")
+  w = _validation.check_numeric_array(local_weights, weights_name)
+  if np.iscomplexobj(w):
+    raise ValueError(f"{weights_name} must be real, got dtype {w.dtype}.")
+  expected = (m, d) if c == 2 else (m, d, c)
+  if c == 2 and w.shape == (m, d, 2):
+    raise ValueError(
+        f"{weights_name} has shape {w.shape}: (M, D, 2) softmax weights with num_classes=2. "
+        "Their proven per-sample gradient bound is K = sqrt(2), not the logistic K = 1 that "
+        "num_classes=2 is calibrated with (jaxdp.multiparty.baselines docstring): fit the "
+        "parties with loss='logistic' to get (M, D) weights.")
+  if w.shape != expected:
+    what = "(M, D) logistic" if c == 2 else "(M, D, C) softmax"
+    raise ValueError(f"{weights_name} must be {what} weights of shape {expected} (M = {m} "
+                     f"parties and D = {d} features from xs, C = num_classes), got {w.shape}.")
+  finite = np.isfinite(w.reshape(m, -1)).all(axis=1)
+  if not finite.all():
+    raise ValueError(f"{weights_name} must be finite: party {int(np.argmin(finite))}'s weights "
+                     "contain NaN or inf.")
+  return w, x, y.astype(np.int64)
+
+
 def private_parameter_averaging(key: jax.Array, local_weights: Any, xs: Any, ys: Any, *,
                                 num_classes: int, l2_reg: float, epsilon: float | None = None,
-                                delta: float = 0.0, rho: float | None = None, tol: float = 1e-6
-                                ) -> linear.PrivateLinearModel:
+                                delta: float = 0.0, rho: float | None = None, tol: float = 1e-6,
+                                accountant: Any = None) -> linear.PrivateLinearModel:
   """*avg*: noisy average of the certified local minimisers (Pathak et al. 2010; paper 001 App. B.4).
 
   Args:
     key: a key, or a batch of keys (one release per key).
-    local_weights: ``(M, D)`` / ``(M, D, C)`` float32 local fits (e.g.
-      :func:`jaxdp.multiparty.fit_local_classifiers` with the same ``l2_reg``).
-    xs, ys: the parties' data ``(M, n, D)`` (rows in the unit ball), ``(M, n)``;
-      used only to certify the local fits.
+    local_weights: ``(M, D)`` (``num_classes=2``, logistic) / ``(M, D, C)``
+      (``C > 2``, softmax) finite local fits (e.g.
+      :func:`jaxdp.multiparty.fit_local_classifiers` with the same ``l2_reg``);
+      ``M`` and ``D`` must match ``xs`` (:func:`check_local_problem`).
+    xs, ys: the parties' data ``(M, n, D)`` (rows in the unit ball), ``(M, n)``
+      integer labels in ``[0, C)``; used only to certify the local fits.
     num_classes, l2_reg: as the local fits.
     epsilon, delta, rho: the guarantee (:func:`jaxdp.multiparty.party_calibration`).
     tol: certified local gradient norm.
+    accountant: optional accountant or budget (``unit="party"``), charged one
+      event per key after validation and before any computation on the data
+      (as :func:`jaxdp.multiparty.private_vote_erm`).
 
   Returns:
-    :class:`jaxdp.training.linear.PrivateLinearModel` (event ``unit="party"``; ``info`` None).
+    :class:`jaxdp.training.linear.PrivateLinearModel` (noisy weights, event
+    ``unit="party"``, public calibration).
+
+  Raises:
+    ValueError: a rule of :func:`check_local_problem`, or bad privacy
+      parameters, before anything is computed on the data.
   """
+  # Everything is validated before any computation on the data (module docstring).
   _validation.check_key(key, allow_batch=True)
-  xs = _validation.check_finite_array(xs, "xs")
-  if xs.ndim != 3:
-    raise ValueError(f"xs must have shape (M, n, D), got {xs.shape}.")
-  m = xs.shape[0]
-  xs = _validation.check_unit_ball(xs.reshape(-1, xs.shape[-1]), "xs").reshape(xs.shape)
-  sens = parameter_averaging_sensitivity(l2_reg, num_parties=m, num_classes=num_classes,
+  c = private_global._check_classes(num_classes)
+  lam = _validation.check_positive(l2_reg, "l2_reg")
+  w, xs, ys_int = check_local_problem(local_weights, xs, ys, num_classes=c)
+  xs64 = np.asarray(xs, np.float64)
+  tol = _check_local_tol(tol, w, xs64, c)
+  sens = parameter_averaging_sensitivity(lam, num_parties=w.shape[0], num_classes=c,
                                          solver_tol=tol)
   cal = private_global.party_calibration(sens, epsilon=epsilon, delta=delta, rho=rho)
-  w = certify_local_classifiers(local_weights, xs, ys, num_classes=num_classes, l2_reg=l2_reg,
-                                tol=tol)
-  avg = w.mean(axis=0)
-  return linear.PrivateLinearModel(private_global.release(key, avg, cal), None, cal.event, cal,
-                                   None)
+  private_global._spend_before_release(accountant, cal.event, key)
+  avg = _certify(w, xs64, ys_int, c, lam, tol).mean(axis=0)
+  return linear.PrivateLinearModel(weights=private_global.release(key, avg, cal),
+                                   event=cal.event, calibration=cal)

@@ -55,7 +55,28 @@ class LocalClassifiers(NamedTuple):
   info: SolverInfo
 
 
-def split_parties(seed: int, x: Any, y: Any, *, num_parties: int, samples_per_party: int,
+def _check_split_seed(seed: Any) -> int | None:
+  """``None`` or a non-negative integer (floats and bools would silently collide)."""
+  if seed is None:
+    return None
+  if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+    raise ValueError(f"seed must be None or a non-negative integer, got {type(seed).__name__}.")
+  return int(seed)
+
+
+def _check_integer_labels(labels: np.ndarray, name: str) -> None:
+  """Finite, integer-valued, non-negative class labels; else ``ValueError`` naming the first row."""
+  if np.iscomplexobj(labels) or labels.dtype == np.bool_:
+    raise ValueError(f"{name} must hold integer class labels >= 0, got dtype {labels.dtype}.")
+  with np.errstate(invalid="ignore"):
+    bad = ~np.isfinite(labels) | (labels != np.round(labels)) | (labels < 0)
+  if np.any(bad):
+    row = ", ".join(str(int(t)) for t in np.argwhere(bad)[0])
+    raise ValueError(f"{name} must hold integer class labels >= 0 (finite, no fractions); "
+                     f"{name}[{row}] is not one.")
+
+
+def split_parties(seed: int | None, x: Any, y: Any, *, num_parties: int, samples_per_party: int,
                   num_aux: int | None = None) -> PartySplit:
   """Randomly distributes a training set to ``M`` parties and an auxiliary set (paper 001 Sec. 6).
 
@@ -64,21 +85,27 @@ def split_parties(seed: int, x: Any, y: Any, *, num_parties: int, samples_per_pa
   replacement, as Subagging, Sec. 3.1), the next ``num_aux`` (default: all the
   rest) form the auxiliary set.
 
+  The split is a public simulation step (no noise is drawn): ``seed`` (an
+  integer) makes it reproducible; ``None`` draws a fresh split from OS entropy.
+
   Raises:
-    ValueError: too few rows for the requested split.
+    ValueError: too few rows for the requested split; ``y`` not integer class
+      labels (NaN, inf or fractional labels are refused, naming the row).
   """
+  seed = _check_split_seed(seed)
   x = _validation.check_finite_array(x, "x")
-  y = np.asarray(y)
+  y = _validation.check_numeric_array(y, "y")
   m = _validation.check_positive_int(num_parties, "num_parties")
   n = _validation.check_positive_int(samples_per_party, "samples_per_party")
   if x.ndim != 2 or y.shape != (x.shape[0],):
     raise ValueError(f"x must be (N, D) and y (N,), got {x.shape} and {y.shape}.")
+  _check_integer_labels(y, "y")
   rest = x.shape[0] - m * n
   n_aux = rest if num_aux is None else _validation.check_positive_int(num_aux, "num_aux")
   if rest < 1 or n_aux > rest:
     raise ValueError(f"{x.shape[0]} rows cannot hold {m} parties x {n} samples plus "
                      f"{n_aux if num_aux is not None else '>= 1'} auxiliary samples.")
-  perm = np.random.default_rng(int(seed)).permutation(x.shape[0])
+  perm = np.random.default_rng(seed).permutation(x.shape[0])
   priv, aux = perm[:m * n], perm[m * n:m * n + n_aux]
   return PartySplit(x[priv].reshape(m, n, -1), y[priv].reshape(m, n), x[aux], y[aux])
 
@@ -114,7 +141,7 @@ def local_votes(weights: Any, x_aux: Any, *, parties_per_chunk: int = 512) -> np
   classifiers at a time. Returned as host int8 (int32 for more than 127
   classes) to keep the ``M x N`` matrix small.
   """
-  w = np.asarray(weights)
+  w = _validation.check_finite_array(weights, "weights")
   x = jnp.asarray(_validation.check_finite_array(x_aux, "x_aux"), w.dtype)
   if w.ndim not in (2, 3) or w.shape[1] != x.shape[-1]:
     raise ValueError(f"weights must be (M, D) or (M, D, C) with D = {x.shape[-1]}, got {w.shape}.")
@@ -132,17 +159,27 @@ def votes_from_predictors(predictors: Sequence[Callable[[Any], Any]], x_aux: Any
   The local classifiers may be of any (mixed) types (paper 001 Sec. 1 and
   footnote 1): the privacy analysis only uses the fact that one party changes
   at most its own row of votes.
+
+  Raises:
+    ValueError: a predictor returns the wrong shape or labels that are not
+      non-negative integers (``0.7`` is refused, not truncated to ``0``),
+      naming the predictor and the auxiliary row.
   """
   if len(predictors) < 1:
     raise ValueError("predictors must hold at least one classifier.")
   x = _validation.check_finite_array(x_aux, "x_aux")
   rows = []
   for i, h in enumerate(predictors):
-    v = np.asarray(h(x))
+    name = f"predictors[{i}]"
+    v = _validation.check_numeric_array(h(x), f"the labels returned by {name}")
     if v.shape != (x.shape[0],):
-      raise ValueError(f"predictor {i} returned shape {v.shape}, expected ({x.shape[0]},).")
-    rows.append(v)
-  return np.stack(rows).astype(np.int32)
+      raise ValueError(f"predictor {i} ({name}) returned shape {v.shape}, expected "
+                       f"({x.shape[0]},).")
+    _check_integer_labels(v, f"the labels returned by {name}")
+    if v.size and float(v.max()) > np.iinfo(np.int32).max:
+      raise ValueError(f"the labels returned by {name} must fit in int32.")
+    rows.append(v.astype(np.int32))
+  return np.stack(rows)
 
 
 @jax.jit
@@ -156,7 +193,7 @@ def local_accuracies(weights: Any, x_test: Any, y_test: Any, *,
 
   Evaluated ``parties_per_chunk`` classifiers at a time (memory ``chunk x N_test``).
   """
-  w = np.asarray(weights)
+  w = _validation.check_finite_array(weights, "weights")
   x = jnp.asarray(_validation.check_finite_array(x_test, "x_test"), w.dtype)
   y = jnp.asarray(y_test)
   if w.ndim not in (2, 3) or w.shape[1] != x.shape[-1]:

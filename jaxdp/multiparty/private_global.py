@@ -54,6 +54,19 @@ label-only term), giving ``(sqrt(2)/M)(N-1+2M)/N`` (soft) and
 small for multiclass, and multiclass majority voting is NOT free (unlike the
 binary case the paper discusses).
 
+**Rounded soft labels.** The minimiser is computed for the float64 labels
+``fl(k/M)`` of :func:`jaxdp.multiparty.soft_labels`, whose entries move by at
+most ``r = 1/M + 2^-52`` (:func:`jaxdp.multiparty.aggregation.soft_label_row_change`,
+proof in :mod:`jaxdp.multiparty.aggregation`), not ``1/M``: every ``1/M`` of
+the soft-label rows above is replaced by ``r`` (binary ``2r/lambda``, multiclass
+``sqrt(2) r/lambda``; relative excess ``2^-52 M``, 4.4e-12 at ``M = 2e4``).
+In the Sec. 4.5 bounds the changed auxiliary row keeps its ``2K``: binary
+``|alpha l'(t)| + |(1 - alpha) l'(-t)| <= 1`` for any ``alpha`` in ``[0, 1]``
+(rounded labels stay in ``[0, 1]``), multiclass ``||P - alpha||^2 <= sum_k
+|p_k - alpha_k| <= 1 + (1 + 2^-53)`` (entries in ``[0, 1]``, a row of rounded
+labels sums to at most ``1 + 2^-53``), i.e. ``sqrt(2)`` to float64 precision.
+Majority votes are exact one-hot targets.
+
 **Inexact minimisers.** The released point is certified within ``r = tol /
 lambda`` of the exact minimiser (:mod:`jaxdp.multiparty._soft_erm`, as
 :mod:`jaxdp.training.certified_solve`), so the noise is calibrated to
@@ -133,17 +146,23 @@ def soft_label_sensitivity(l2_reg: float, *, num_parties: int, num_classes: int,
   ``2/(M lambda)`` (binary, App. A.2 Eq. 31), ``sqrt(2)/(M lambda)``
   (multiclass, Eq. 60); with ``protect_auxiliary`` times ``(N+M-1)/N``
   (binary, Sec. 4.5) or ``(N+2M-1)/N`` (multiclass, module docstring); plus
-  ``2 solver_tol/lambda``.
+  ``2 solver_tol/lambda``. Each ``1/M`` is the rounded labels' move ``r = 1/M +
+  2^-52`` (module docstring, "Rounded soft labels"): binary ``2r/lambda``,
+  with ``protect_auxiliary`` ``((N-1) 2r + 2)/(N lambda)``; multiclass
+  ``sqrt(2) r/lambda``, ``((N-1) sqrt(2) r + 2 sqrt(2))/(N lambda)``.
   """
   lam = _validation.check_positive(l2_reg, "l2_reg")
   m = _validation.check_positive_int(num_parties, "num_parties")
   c = _check_classes(num_classes)
   n = _check_aux(protect_auxiliary, num_aux)
   tol = _validation.check_nonnegative(solver_tol, "solver_tol")
-  k = 2.0 if c == 2 else math.sqrt(2.0)
-  base = k / (m * lam)
-  if n is not None:
-    base *= (n + (m if c == 2 else 2 * m) - 1.0) / n
+  k = 1.0 if c == 2 else math.sqrt(2.0)  # per-sample gradient bound K
+  r = aggregation.soft_label_row_change(m)  # 1/M + 2^-52: one label entry's move
+  label_term = 2.0 * r if c == 2 else math.sqrt(2.0) * r  # one row, label change only
+  if n is None:
+    base = label_term / lam
+  else:  # Sec. 4.5: N - 1 rows change their label, one row changes entirely (<= 2K)
+    base = ((n - 1.0) * label_term + 2.0 * k) / (n * lam)
   return base + 2.0 * tol / lam
 
 
@@ -185,18 +204,11 @@ def _targets(votes, num_classes, method):
                            num_classes)
 
 
-def global_minimizer(votes: Any, x_aux: Any, *, num_classes: int, l2_reg: float,
-                     method: str = "soft", tol: float = 1e-6, max_iter: int = 500):
-  """Certified non-private minimiser of Eq. 19/55 (``"soft"``) or Eq. 8 (``"vote"``).
-
-  Returns:
-    ``(CertifiedSolution, SolverInfo)``: ``weights`` float64 ``(D,)`` or ``(D, C)``
-    within ``tol/l2_reg`` of the exact minimiser.
-  """
-  if method not in ("soft", "vote"):
-    raise ValueError(f"method must be 'soft' or 'vote', got {method!r}.")
+def _check_erm_inputs(votes, x_aux, num_classes, l2_reg, tol, max_iter):
+  """Validates what :func:`global_minimizer` needs, before any work: ``(v, x, c, lam, tol)``."""
   c = _check_classes(num_classes)
   lam = _validation.check_positive(l2_reg, "l2_reg")
+  _validation.check_positive_int(max_iter, "max_iter")
   x = check_aux_features(x_aux)
   v = aggregation.check_votes(votes, c)
   if v.shape[1] != x.shape[0]:
@@ -204,8 +216,42 @@ def global_minimizer(votes: Any, x_aux: Any, *, num_classes: int, l2_reg: float,
   dim = x.shape[1] * (1 if c == 2 else c)
   tol = certified_solve.check_tol(tol, num_examples=x.shape[0], dim=dim,
                                   loss=_soft_erm.loss_name(c))
+  return v, x, c, lam, tol
+
+
+def global_minimizer(votes: Any, x_aux: Any, *, num_classes: int, l2_reg: float,
+                     method: str = "soft", tol: float = 1e-6, max_iter: int = 500):
+  """Certified **non-private** minimiser of Eq. 19/55 (``"soft"``) or Eq. 8 (``"vote"``).
+
+  The exact (noise-free) function of every party's votes: for experiments and
+  tests only, never to be released (the private releases are
+  :func:`private_soft_label_erm` and :func:`private_vote_erm`).
+
+  Returns:
+    ``(CertifiedSolution, SolverInfo)``: ``weights`` float64 ``(D,)`` or ``(D, C)``
+    within ``tol/l2_reg`` of the exact minimiser.
+  """
+  if method not in ("soft", "vote"):
+    raise ValueError(f"method must be 'soft' or 'vote', got {method!r}.")
+  v, x, c, lam, tol = _check_erm_inputs(votes, x_aux, num_classes, l2_reg, tol, max_iter)
   return _soft_erm.fit_certified(x, _targets(v, c, method), num_classes=c, l2_reg=lam, tol=tol,
                                  max_iter=max_iter)
+
+
+def _num_releases(key: jax.Array) -> int:
+  """The number of independent releases of one call: one per key (a batch of ``k`` keys: ``k``)."""
+  return int(np.shape(key)[0]) if linear.is_key_batch(key) else 1
+
+
+def _spend_before_release(accountant: Any, event: Any, key: jax.Array) -> None:
+  """``accountant.spend(event, count=_num_releases(key))`` when an accountant is given.
+
+  Called after every input is validated and before anything is computed from
+  the data: a :class:`~jaxdp.accounting.PrivacyBudget` that cannot afford the
+  call refuses with nothing computed, spent or released.
+  """
+  if accountant is not None:
+    accountant.spend(event, count=_num_releases(key))
 
 
 def release(key: jax.Array, weights64: Any, calibration: Calibration) -> jax.Array:
@@ -219,27 +265,32 @@ def release(key: jax.Array, weights64: Any, calibration: Calibration) -> jax.Arr
 
 
 def _private_erm(key, votes, x_aux, *, method, num_classes, l2_reg, epsilon, delta, rho,
-                 protect_auxiliary, tol, max_iter) -> linear.PrivateLinearModel:
+                 protect_auxiliary, tol, max_iter, accountant) -> linear.PrivateLinearModel:
+  # Everything is validated, then spent, before anything is computed from the votes.
   _validation.check_key(key, allow_batch=True)
-  c = _check_classes(num_classes)
-  votes = aggregation.check_votes(votes, c)
+  votes, x, c, lam, tol = _check_erm_inputs(votes, x_aux, num_classes, l2_reg, tol, max_iter)
   m, n = votes.shape
   if method == "soft":
-    sens = soft_label_sensitivity(l2_reg, num_parties=m, num_classes=c, num_aux=n,
+    sens = soft_label_sensitivity(lam, num_parties=m, num_classes=c, num_aux=n,
                                   protect_auxiliary=protect_auxiliary, solver_tol=tol)
   else:
-    sens = vote_sensitivity(l2_reg, num_classes=c, num_aux=n,
+    sens = vote_sensitivity(lam, num_classes=c, num_aux=n,
                             protect_auxiliary=protect_auxiliary, solver_tol=tol)
   cal = party_calibration(sens, epsilon=epsilon, delta=delta, rho=rho)
-  cert, info = global_minimizer(votes, x_aux, num_classes=c, l2_reg=l2_reg, method=method,
-                                tol=tol, max_iter=max_iter)
-  return linear.PrivateLinearModel(release(key, cert.weights, cal), info, cal.event, cal, cert)
+  _spend_before_release(accountant, cal.event, key)
+  cert, _ = global_minimizer(votes, x, num_classes=c, l2_reg=lam, method=method, tol=tol,
+                             max_iter=max_iter)
+  # Only the noisy weights and public calibration leave: the certified minimiser, its
+  # certificate and the solver diagnostics are computed from the data without noise.
+  return linear.PrivateLinearModel(weights=release(key, cert.weights, cal), event=cal.event,
+                                   calibration=cal)
 
 
 def private_vote_erm(key: jax.Array, votes: Any, x_aux: Any, *, num_classes: int,
                      l2_reg: float, epsilon: float | None = None, delta: float = 0.0,
                      rho: float | None = None, protect_auxiliary: bool = False,
-                     tol: float = 1e-6, max_iter: int = 500) -> linear.PrivateLinearModel:
+                     tol: float = 1e-6, max_iter: int = 500,
+                     accountant: Any = None) -> linear.PrivateLinearModel:
   """Algorithm 1 (DP ensemble by majority-voted ERM), party-level privacy.
 
   Majority-votes the ``(M, N)`` ``votes`` (Eq. 6), minimises Eq. 8 (binary
@@ -257,19 +308,29 @@ def private_vote_erm(key: jax.Array, votes: Any, x_aux: Any, *, num_classes: int
     protect_auxiliary: also protect one auxiliary sample (Sec. 4.5).
     tol: certified gradient norm (adds ``2 tol/lambda`` to the sensitivity).
     max_iter: float32 L-BFGS cap (certification repairs a non-converged iterate).
+    accountant: optional :class:`~jaxdp.accounting.PrivacyAccountant` or
+      :class:`~jaxdp.accounting.PrivacyBudget` (``unit="party"``): charged
+      ``count = number of keys`` times the event after validation and before
+      any computation on the votes (a budget that cannot afford it refuses
+      with nothing released). Without it, spend ``model.event`` yourself.
 
   Returns:
-    :class:`jaxdp.training.linear.PrivateLinearModel` (event tagged ``unit="party"``).
+    :class:`jaxdp.training.linear.PrivateLinearModel`: the noisy ``weights``,
+    the ``event`` (tagged ``unit="party"``) and the public ``calibration``
+    only (the solver diagnostics and the certified minimiser are non-private:
+    :func:`global_minimizer` computes them explicitly, never to be released).
   """
   return _private_erm(key, votes, x_aux, method="vote", num_classes=num_classes, l2_reg=l2_reg,
                       epsilon=epsilon, delta=delta, rho=rho,
-                      protect_auxiliary=protect_auxiliary, tol=tol, max_iter=max_iter)
+                      protect_auxiliary=protect_auxiliary, tol=tol, max_iter=max_iter,
+                      accountant=accountant)
 
 
 def private_soft_label_erm(key: jax.Array, votes: Any, x_aux: Any, *, num_classes: int,
                            l2_reg: float, epsilon: float | None = None, delta: float = 0.0,
                            rho: float | None = None, protect_auxiliary: bool = False,
-                           tol: float = 1e-6, max_iter: int = 500) -> linear.PrivateLinearModel:
+                           tol: float = 1e-6, max_iter: int = 500,
+                           accountant: Any = None) -> linear.PrivateLinearModel:
   """Algorithm 2 (DP ensemble by weighted ERM with soft labels), party-level privacy.
 
   Soft labels ``alpha(x)`` = vote fractions (Eq. 12 / 54), weighted ERM
@@ -280,4 +341,5 @@ def private_soft_label_erm(key: jax.Array, votes: Any, x_aux: Any, *, num_classe
   """
   return _private_erm(key, votes, x_aux, method="soft", num_classes=num_classes, l2_reg=l2_reg,
                       epsilon=epsilon, delta=delta, rho=rho,
-                      protect_auxiliary=protect_auxiliary, tol=tol, max_iter=max_iter)
+                      protect_auxiliary=protect_auxiliary, tol=tol, max_iter=max_iter,
+                      accountant=accountant)

@@ -125,7 +125,9 @@ class PateResult:
 
   Attributes:
     labels: noisy labels of the public points, int ``(M,)``.
-    votes: the (private!) teacher vote histograms ``(M, C)``; do not release.
+    nonprivate_votes: the teacher vote histograms ``(M, C)``, computed from the
+      private data WITHOUT noise (not covered by the guarantee; never release
+      them). ``votes`` is a read-only alias kept for old code.
     student: the student ``LinearModel`` fit on the public points.
     event: the DpEvent of all labels (``SelfComposedDpEvent`` of M answers).
     epsilon: data-independent epsilon of the labels at ``delta`` (via the
@@ -134,11 +136,16 @@ class PateResult:
   """
 
   labels: jax.Array
-  votes: jax.Array
+  nonprivate_votes: jax.Array
   student: _linear.LinearModel
   event: _events.DpEvent
   epsilon: float
   delta: float
+
+  @property
+  def votes(self) -> jax.Array:
+    """Alias of ``nonprivate_votes`` (NON-PRIVATE: never release them)."""
+    return self.nonprivate_votes
 
 
 def pate_label_and_train(

@@ -6,6 +6,7 @@ from jaxdp.training.functional_mechanism import functional_mechanism as function
 from jaxdp.training.lbfgs import SolverInfo, minimize_lbfgs
 from jaxdp.training.linear import (
     LinearModel,
+    NonPrivateDiagnostics,
     PrivateLinearModel,
     append_bias_feature,
     fit_linear,

@@ -27,9 +27,14 @@ theta - theta*> <= ||grad J(theta)|| ||theta - theta*||``, i.e.
 on the host in float64 at the float64 point that is released (noise is added
 in float64 and the sum rounded to float32 afterwards, which is post-processing),
 so float32 round-off never enters the certificate. The float64 round-off of the
-certificate itself is bounded by :func:`certificate_rounding_bound` (Higham &
-Mary 2019 probabilistic model, safety factor 8: ``gamma_n ~ 8 sqrt(n) u``,
-``u = 2^-53``) and ADDED to the gradient norm.
+certificate itself is bounded DETERMINISTICALLY (worst case over every input
+and every summation order, FMA or not) by :func:`certificate_rounding_bound`
+(Higham 2002, *Accuracy and Stability of Numerical Algorithms*, 2nd ed.,
+Lemma 3.1 and Eq. (3.4): ``|fl(a^T b) - a^T b| <= gamma_n |a|^T |b|``,
+``gamma_n = n u / (1 - n u)``, ``u = 2^-53``) and ADDED to the gradient norm.
+A certificate that is NaN (NaN or inf weights, or data) FAILS (every test is
+``not g <= tol``): such a point is repaired from a data-independent start or,
+for non-finite data, a :class:`CertificationError` is raised; NaN never passes.
 
 Routes (``route`` codes: 0 L-BFGS, 1 float64 L-BFGS polish, 2 accelerated gradient):
 
@@ -163,47 +168,102 @@ def objective_and_grad(w, x, y, *, loss, h, l2_total, linear_term=None):
   return value, grad
 
 
+def _gamma(k: float) -> float:
+  """Higham (2002) Eq. (3.4): ``gamma_k = k u / (1 - k u)`` in float64 (inf once ``k u >= 1/2``)."""
+  ku = float(k) * _U64
+  return math.inf if ku >= 0.5 else ku / (1.0 - ku)
+
+
 def certificate_rounding_bound(num_examples: int, dim: int, weights_norm, linear_norm,
                                *, loss: str, h: float, l2_total: float) -> np.ndarray:
-  """Bound on the float64 error of the computed ``||grad J||`` (Higham & Mary 2019 model).
+  r"""Deterministic bound on ``| ||grad J(w)||_computed - ||grad J(w)||_exact |`` in float64.
 
-  Inner products of length ``n`` carry error ``<= gamma_n |a|.|b|``, ``gamma_n = 8 sqrt(n) u``
-  (probabilistic bound, safety factor 8). The data gradient ``X^T G / N`` has inner length
-  ``N`` and ``sum_n |x_nd||G_nc|/N <= K``; the logits ``X theta`` have inner length ``D``
-  and perturb ``G`` by ``c gamma_D ||theta||``; softmax/exp/tanh add ``O(u)`` relative
-  per entry. Over ``dim = D C`` coordinates (L2): ``sqrt(dim)`` times the per-coordinate bound.
+  Worst case over every input with ``||x_n||_2 <= 1`` and every summation order
+  (blocked BLAS, FMA, XLA); no probabilistic model. With ``u = 2^-53``,
+  ``gamma_k = k u/(1 - k u)`` (Higham 2002, Lemma 3.1, Eq. (3.4):
+  ``|fl(a^T b) - a^T b| <= gamma_n |a|^T |b|`` for an inner product of length
+  ``n`` in any order), ``N`` examples, ``m = dim`` weights (``D C``; ``D <= m``,
+  ``C <= m``), ``K``/``c`` the loss's Lipschitz and output-curvature bounds, and
+  ``W``, ``b`` the TRUE norms (the computed norms passed in are divided by
+  ``1 - gamma_{m+2}``, the relative error of a computed 2-norm):
+
+  1. scores ``s_n = W^T x_n`` (inner length ``D``):
+     ``||s^_n - s_n||_2 <= gamma_D ||x_n|| ||W||_F <= gamma_m ||W||``;
+  2. loss derivative ``G_n = l'(s_n)``: ``l'`` is ``c``-Lipschitz in the 2-norm
+     (softmax Jacobian ``diag(p) - p p^T`` has norm <= 1/2; ``sigma' <= 1/4``;
+     Huber ``1/(2h)``), so the score error moves it by ``c gamma_m ||W||``; its
+     own evaluation (shift by the max, exp, a sum of ``C`` terms, a division,
+     ``-1``; or ``tanh``, ``1 -``, halving) errs by at most
+     ``eta = 8 gamma_{m+4}`` in the 2-norm of a row (``8 gamma_{m+4} / (2h)``
+     for Huber with ``h < 1/2``), assuming ``exp``, ``log`` and ``tanh`` are
+     accurate to 4 ulp (glibc documents <= 2 ulp on x86-64). So
+     ``||G^_n||_2 <= rho := K + c gamma_m ||W|| + eta``;
+  3. data gradient ``X^T G^ / N`` (inner length ``N``): entry ``(d, c)`` errs by
+     ``gamma_N sum_n |x_nd| |G^_nc| / N``; by Minkowski over the rows, the
+     Frobenius norm of the error is ``<= gamma_N sum_n ||x_n|| ||G^_n|| / N <=
+     gamma_N rho``. With step 2: ``E_data = c gamma_m ||W|| + eta + gamma_N rho``
+     (no ``sqrt(dim)`` factor);
+  4. assembly ``fl(fl(fl(a/N) + fl(Lambda w)) + b)``: four roundings per entry,
+     each relative to a sum of at most ``|a/N| + Lambda |w| + |b|``:
+     ``E_asm = 4.01 u A`` with ``A = rho + E_data + Lambda ||W|| + ||b||``
+     (``>= ||`` the computed gradient ``||``);
+  5. the computed norm of the computed gradient ``g^``:
+     ``||g^|| <= fl(||g^||) + gamma_{m+2} (A + E_asm)``.
+
+  The certificate's triangle inequality then gives ``||grad J(w)|| <=
+  fl(||g^||) + E_data + E_asm + gamma_{m+2} (A + E_asm)``; the result is that
+  sum times ``1 + 2^-20`` (the bound's own float64 evaluation). It is affine in
+  ``(||W||, ||b||)`` and costs no pass over ``X``. For ``N = 60000``,
+  ``K = sqrt 2``, ``W = b = 0``: about ``N u K = 9.4e-12``.
   """
   k = linear_losses.lipschitz_constant(loss)
   c = linear_losses.curvature_bound(loss, h)
-  gam = lambda n: 8.0 * math.sqrt(n + 4.0) * _U64
-  d_in = max(dim, 1)
-  per = (gam(num_examples) + 16 * _U64) * k + gam(d_in) * c * np.asarray(weights_norm) \
-      + 4 * _U64 * (l2_total * np.asarray(weights_norm) + np.asarray(linear_norm))
-  return math.sqrt(dim) * per
+  m = max(int(dim), 1)
+  g_norm = _gamma(m + 2)
+  wn = np.asarray(weights_norm, np.float64) / (1.0 - g_norm)
+  ln = np.asarray(linear_norm, np.float64) / (1.0 - g_norm)
+  eta = 8.0 * _gamma(m + 4) * (max(1.0, 1.0 / (2.0 * h)) if loss == "huber" else 1.0)
+  score = c * _gamma(m) * wn
+  rho = k + score + eta
+  e_data = score + eta + _gamma(max(int(num_examples), 1)) * rho
+  a_sum = rho + e_data + float(l2_total) * wn + ln
+  e_asm = 4.01 * _U64 * a_sum
+  return (e_data + e_asm + g_norm * (a_sum + e_asm)) * (1.0 + 2.0 ** -20)
 
 
 def check_tol(tol: float, *, num_examples: int, dim: int, loss: str, h: float = 0.5) -> float:
   """Validates a certificate tolerance: positive, finite, and far above float64 round-off.
 
-  Requires ``tol >= 1e3 * sqrt(dim) * 8 sqrt(N) u K`` (data-independent), so the
-  rounding bound of the certificate is a negligible part of ``tol``.
+  Requires ``tol >= max(1e3 sqrt(dim) 8 sqrt(N + 4) u K, 8 B_0)`` with ``B_0`` the
+  deterministic rounding bound at ``W = b = 0`` (:func:`certificate_rounding_bound`,
+  about ``N u K``): data-independent, so the rounding bound of the certificate
+  is a small part of ``tol`` (the first term is the historical floor, kept so
+  that no tol accepted before is refused now unless the worst case needs it).
   """
   tol = float(tol)
   if not (math.isfinite(tol) and tol > 0):
     raise ValueError(f"tol must be a positive finite number, got {tol}.")
-  floor = 1e3 * math.sqrt(dim) * 8.0 * math.sqrt(num_examples + 4.0) * _U64 * \
-      linear_losses.lipschitz_constant(loss)
+  floor = max(1e3 * math.sqrt(dim) * 8.0 * math.sqrt(num_examples + 4.0) * _U64 *
+              linear_losses.lipschitz_constant(loss),
+              8.0 * float(certificate_rounding_bound(num_examples, dim, 0.0, 0.0, loss=loss,
+                                                     h=h, l2_total=0.0)))
   if tol < floor:
     raise ValueError(f"tol={tol:.3g} is below the float64 certification floor {floor:.3g} for "
                      f"N={num_examples}, D*C={dim}; use a larger tol.")
   return tol
 
 
+def _nan_fails(certificate):
+  """NaN certificates (NaN/inf weights or data) become +inf, so that every ``g <= tol`` fails."""
+  certificate = np.asarray(certificate, np.float64)
+  return np.where(np.isnan(certificate), np.inf, certificate)
+
+
 def _certify_one(w, x, y, lin, lin_norm, *, loss, h, l2_total):
   _, g = objective_and_grad(w, x, y, loss=loss, h=h, l2_total=l2_total, linear_term=lin)
   err = certificate_rounding_bound(x.shape[0], w.size, np.linalg.norm(w), lin_norm, loss=loss,
                                    h=h, l2_total=l2_total)
-  return float(np.linalg.norm(g) + err)
+  return float(_nan_fails(np.linalg.norm(g) + err))
 
 
 def _softmax_deriv_inplace(scores, y):
@@ -240,7 +300,7 @@ def _certify_chunk(wc, x, y, lin, *, loss, h, l2_total):
     lin_norm = np.linalg.norm(lin.reshape(mc, -1), axis=1)
   wn = np.linalg.norm(wc.reshape(mc, -1), axis=1)
   err = certificate_rounding_bound(n, wc[0].size, wn, lin_norm, loss=loss, h=h, l2_total=l2_total)
-  return np.linalg.norm(grad.reshape(mc, -1), axis=1) + err
+  return _nan_fails(np.linalg.norm(grad.reshape(mc, -1), axis=1) + err)
 
 
 def _certify_batch(w, x, y, lin, *, loss, h, l2_total, chunk_elems=2 ** 21):
@@ -343,6 +403,8 @@ def _agd64(w_pre, gnorm_pre, x, y, lin, lin_norm, *, loss, h, l2_total, tol, che
   smooth = linear_losses.curvature_bound(loss, h) + mu
   radius = (linear_losses.lipschitz_constant(loss) + lin_norm) / mu
   nrm = np.linalg.norm(w_pre)
+  if not np.isfinite(nrm):  # NaN/inf weights: the data-independent start 0, ||0 - x*|| <= radius
+    w_pre, nrm, gnorm_pre = np.zeros_like(w_pre), 0.0, math.inf
   x0 = w_pre if nrm <= radius else w_pre * (radius / nrm)
   dist0 = min(2.0 * radius, gnorm_pre / mu)
   t_max = accelerated_gradient_iterations(mu, smooth, dist0, tol)
@@ -352,10 +414,14 @@ def _agd64(w_pre, gnorm_pre, x, y, lin, lin_norm, *, loss, h, l2_total, tol, che
   kw = dict(loss=loss, h=h, l2_total=l2_total)
   for k in range(1, t_max + 1):
     _, g = objective_and_grad(yk, x, y, linear_term=lin, **kw)
+    if not np.all(np.isfinite(g)):  # only non-finite data (x, y or the linear term) gets here
+      raise CertificationError(
+          "the float64 gradient is not finite from a finite point: the data (x, y or the "
+          "linear term) contain NaN or inf. Nothing is released.")
     x_new = yk - g / smooth
     yk = x_new + mom * (x_new - xk)
     xk = x_new
-    if k % check_every == 0 and _certify_one(xk, x, y, lin, lin_norm, **kw) <= tol:
+    if k % check_every == 0 and _certify_one(xk, x, y, lin, lin_norm, **kw) <= tol:  # NaN fails
       return xk, k
   return xk, t_max
 
@@ -401,8 +467,8 @@ def certify_minimizers(weights: Any, x: Any, y: Any, *, loss: str, h: float, l2_
   iters = np.zeros(m, np.int64)
   kw = dict(loss=loss, h=h, l2_total=l2_total)
   lin_stack = None if linear_term is None else np.stack(lins)
-  g_all = _certify_batch(w, x, y, lin_stack, **kw)
-  pending = np.flatnonzero(g_all > tol) if polish else np.zeros(0, np.int64)
+  g_all = _certify_batch(w, x, y, lin_stack, **kw)  # NaN certificates are +inf: they fail
+  pending = np.flatnonzero(~(g_all <= tol)) if polish else np.zeros(0, np.int64)
   if pending.size:
     # Route 1, first try: all uncertified problems in jitted float64 calls (vmapped chunks).
     wp, nit = _polish64_batched(w[pending], x, y, None if lin_stack is None else lin_stack[pending],
@@ -418,21 +484,21 @@ def certify_minimizers(weights: Any, x: Any, y: Any, *, loss: str, h: float, l2_
     lin_norm = 0.0 if lin_i is None else float(np.linalg.norm(lin_i))
     wi = w[i]
     g = float(g_all[i])
-    if g > tol and polish:  # the batched polish did not certify it: scipy's L-BFGS-B
+    if not g <= tol and polish and np.all(np.isfinite(wi)):  # batched polish failed: scipy
       wp, nit = _polish64(wi, x, y, lin_i, tol=tol, **kw)
       gp = _certify_one(wp, x, y, lin_i, lin_norm, **kw)
       iters[i] += nit
       if gp < g:
         wi, g = wp, gp
       route[i] = 1
-    if g > tol:
+    if not g <= tol:
       wi, nit = _agd64(wi, g, x, y, lin_i, lin_norm, tol=tol, **kw)
       g = _certify_one(wi, x, y, lin_i, lin_norm, **kw)
       iters[i] += nit
       route[i] = 2
-      if g > tol:
+      if not g <= tol:
         raise CertificationError(
-            f"the float64 gradient certificate ({g:.3g}) still exceeds tol={tol:.3g} after the "
+            f"the float64 gradient certificate still exceeds tol={tol:.3g} after the "
             "guaranteed accelerated-gradient iterations; this can only happen through float64 "
             "round-off (tol too close to the float64 floor). Nothing is released; use a larger tol.")
     w[i] = wi

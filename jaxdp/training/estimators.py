@@ -8,8 +8,22 @@ or a budget-enforcing :class:`jaxdp.accounting.PrivacyBudget`). With a budget,
 ``can_spend`` is checked *before* touching the data, and the weights are only
 stored after ``spend`` succeeded, so a refused spend releases nothing.
 
-Every ``fit`` draws fresh noise from a new key (``seed`` plus a fit counter),
-never reusing a key.
+Noise keys (:mod:`jaxdp._keys`). With ``seed=None`` (the default) every ``fit``
+draws its key from fresh OS entropy (scikit-learn's ``random_state=None``
+semantics): two instances, or a refit on updated data, never add the same
+noise, so the difference of two releases cannot cancel the noise and expose the
+change in the data. An explicit ``seed`` gives fit ``i`` of an instance the key
+``fold_in(key(seed), i)`` (reproducible experiments); it is the user's promise
+not to reuse that seed for another release on overlapping data (two instances
+with the same seed add identical noise).
+
+Non-private diagnostics. The fitted estimator keeps only private values
+(``coef_``), public ones (``classes_``) and the event (``event_``). The
+solver's diagnostics (iterations, gradient norm, objective value, certificate)
+are computed from the data without noise; they are kept, as
+``nonprivate_info_``, only when the estimator is built with
+``return_nonprivate_diagnostics=True`` (see
+:class:`jaxdp.training.linear.NonPrivateDiagnostics`).
 
 Neighbouring relation. Every method here is run under REPLACE-ONE neighbours
 (model sensitivity, paper 000 Lemma 1; paper 003 Alg. 1 and 4), including loss
@@ -25,11 +39,10 @@ import math
 import warnings
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxdp import _validation
+from jaxdp import _keys, _validation
 from jaxdp.accounting import events
 from jaxdp.training import linear, objective_perturbation, output_perturbation
 
@@ -55,7 +68,12 @@ class PrivateLinearClassifier:
     h: Huberized hinge width.
     accountant: where each fit's DpEvent is spent (None: not recorded; the
       event is still available as ``self.event_``).
-    seed: integer seed of the noise keys.
+    seed: ``None`` (default): fresh OS entropy for every fit. An integer or a
+      ``jax.random`` key: fit ``i`` uses ``fold_in(key(seed), i)``; an explicit
+      seed is the caller's promise not to reuse it for another release on
+      overlapping data (two instances with one seed add the same noise, and
+      the difference of their releases exposes the change in the data).
+      Floats, bools and strings raise ``ValueError``.
     normalize: project rows outside the unit ball onto it (otherwise they raise).
     max_iter, tol: solver settings. ``tol=None``: 1e-6 for output perturbation /
       model sensitivity, and for the perturbed-objective methods the AMP default
@@ -68,13 +86,16 @@ class PrivateLinearClassifier:
       label set read off the training data is not protected: replacing one
       example can remove a class (changing the output's shape) or reveal a
       rare label. ``None`` infers it with ``np.unique(y)`` and warns.
+    return_nonprivate_diagnostics: keep the solver diagnostics of each fit as
+      ``nonprivate_info_`` (NOT private: computed from the data without noise;
+      for debugging on public or synthetic data). Default False: not kept.
   """
 
   def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
                l2_reg: float = 1e-3, loss: str = "logistic", h: float = 0.5,
-               accountant: Any = None, seed: int = 0, normalize: bool = False,
+               accountant: Any = None, seed: Any = None, normalize: bool = False,
                max_iter: int = 500, tol: float | None = None, classes: Any = None,
-               amp_fraction: float = 0.01):
+               amp_fraction: float = 0.01, return_nonprivate_diagnostics: bool = False):
     if method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
@@ -84,7 +105,7 @@ class PrivateLinearClassifier:
     self.loss = loss
     self.h = h
     self.accountant = accountant
-    self.seed = int(seed)
+    self.seed = _keys.check_seed(seed, "seed")
     self.normalize = normalize
     self.max_iter = max_iter
     self.tol = tol
@@ -94,6 +115,7 @@ class PrivateLinearClassifier:
       if classes.ndim != 1 or classes.size < 2 or np.unique(classes).size != classes.size:
         raise ValueError("classes must be a 1-D sequence of at least two distinct labels.")
     self.classes = classes
+    self.return_nonprivate_diagnostics = bool(return_nonprivate_diagnostics)
     self._num_fits = 0
 
   def _predicted_event(self, n: int, num_classes: int, dim: int):
@@ -130,8 +152,10 @@ class PrivateLinearClassifier:
       classes = np.sort(self.classes)
       y_idx = np.searchsorted(classes, y_np)
       y_idx = np.clip(y_idx, 0, classes.size - 1)
-      if np.any(classes[y_idx] != y_np):
-        raise ValueError(f"y contains labels outside classes={classes.tolist()}.")
+      outside = classes[y_idx] != y_np
+      if np.any(outside):
+        raise ValueError(f"y contains labels outside classes (the public label set); row "
+                         f"{_validation.first_index(outside)} is one.")
     if classes.size < 2:
       raise ValueError("y must contain at least two classes.")
     binary_method = self.method in ("objective_perturbation", "output_perturbation")
@@ -143,17 +167,21 @@ class PrivateLinearClassifier:
       if not self.accountant.can_spend(event):
         from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
         raise BudgetExceededError(f"fitting would exceed the privacy budget ({event}).")
-    key = jax.random.fold_in(jax.random.key(self.seed), self._num_fits)
+    key = _keys.fit_key(self.seed, self._num_fits)
     self._num_fits += 1
     tol = 1e-6 if self.tol is None else self.tol
-    common = dict(max_iter=self.max_iter, tol=tol, normalize=self.normalize)
+    diag = dict(return_nonprivate_diagnostics=self.return_nonprivate_diagnostics)
+    common = dict(max_iter=self.max_iter, tol=tol, normalize=self.normalize, **diag)
     amp = dict(max_iter=self.max_iter, tol=self.tol, normalize=self.normalize,
-               amp_fraction=self.amp_fraction)
+               amp_fraction=self.amp_fraction, **diag)
     if self.method == "non_private":
       x_c = linear.check_features(x_np, "x", normalize=self.normalize)
       res = linear.fit_linear(x_c, y_idx, num_classes=classes.size, l2_reg=self.l2_reg,
                               max_iter=self.max_iter, tol=tol)
       weights, ev = res.weights, events.NonPrivateDpEvent()
+      res = linear.PrivateLinearModel(weights, ev, None, nonprivate_info=(
+          linear.NonPrivateDiagnostics(res.info, None) if self.return_nonprivate_diagnostics
+          else None))
     elif self.method == "loss_perturbation":
       res = objective_perturbation.loss_perturbation(
           key, x_np, y_idx, num_classes=classes.size, epsilon=self.epsilon, delta=self.delta,
@@ -179,7 +207,8 @@ class PrivateLinearClassifier:
     self.classes_ = classes
     self.coef_ = np.asarray(weights)
     self.event_ = ev
-    self.solver_info_ = res.info if hasattr(res, "info") else None
+    if self.return_nonprivate_diagnostics:
+      self.nonprivate_info_ = res.nonprivate_info
     return self
 
   def _check_fitted(self):
@@ -218,9 +247,11 @@ class PrivateLogisticRegression(PrivateLinearClassifier):
   """Private (multinomial) logistic regression; default method: loss perturbation (paper 000 Alg. 4/5)."""
 
   def __init__(self, *, epsilon: float, delta: float = 0.0, method: str = "loss_perturbation",
-               l2_reg: float = 1e-3, accountant: Any = None, seed: int = 0,
+               l2_reg: float = 1e-3, accountant: Any = None, seed: Any = None,
                normalize: bool = False, max_iter: int = 500, tol: float | None = None,
-               classes: Any = None, amp_fraction: float = 0.01):
+               classes: Any = None, amp_fraction: float = 0.01,
+               return_nonprivate_diagnostics: bool = False):
     super().__init__(epsilon=epsilon, delta=delta, method=method, l2_reg=l2_reg, loss="logistic",
                      accountant=accountant, seed=seed, normalize=normalize, max_iter=max_iter,
-                     tol=tol, classes=classes, amp_fraction=amp_fraction)
+                     tol=tol, classes=classes, amp_fraction=amp_fraction,
+                     return_nonprivate_diagnostics=return_nonprivate_diagnostics)

@@ -77,12 +77,20 @@ def check_labels(y: Any, loss: str, num_classes: int | None, n: int, name: str =
   if loss == "softmax":
     if num_classes is None:
       raise ValueError("num_classes must be given for the softmax loss.")
-    if arr.size and (np.any(arr != np.round(arr)) or arr.min() < 0 or arr.max() >= num_classes):
-      raise ValueError(f"{name} must hold integer labels in [0, {num_classes}).")
+    bad = (arr != np.round(arr)) | (arr < 0) | (arr >= num_classes)
+    if np.any(bad):
+      raise ValueError(f"{name} must hold integer labels in [0, {num_classes}); row "
+                       f"{_validation.first_index(bad)} does not.")
     return arr.astype(np.int32)
-  values = set(np.unique(arr).tolist())
-  if not (values <= {0, 1} or values <= {-1, 1}):
-    raise ValueError(f"{name} must hold binary labels in {{0, 1}} or {{-1, 1}}, got {sorted(values)[:5]}.")
+  in_01 = (arr == 0) | (arr == 1)
+  in_pm1 = (arr == -1) | (arr == 1)
+  if not (np.all(in_01) or np.all(in_pm1)):
+    # Name the row, never the label value: the first row outside {-1, 0, 1}, else (0 and -1
+    # mixed) the first row holding -1.
+    valid = in_01 | in_pm1
+    row = _validation.first_index(~valid if not np.all(valid) else arr == -1)
+    raise ValueError(f"{name} must hold binary labels, all in {{0, 1}} or all in {{-1, 1}}; "
+                     f"row {row} does not.")
   return arr.astype(np.float32)
 
 
@@ -350,26 +358,55 @@ def _fit_many(xs, ys, l2s, h, lins, exs, tol, *, loss, num_classes, max_iter, ha
   return jax.lax.map(lambda t: fit(*t), (xs, ys, l2s, lins, exs))
 
 
+class NonPrivateDiagnostics(NamedTuple):
+  """NOT PRIVATE: solver diagnostics of a private fit, computed from the data without noise.
+
+  Returned (as ``PrivateLinearModel.nonprivate_info``) only when the caller
+  passes ``return_nonprivate_diagnostics=True``; nothing in it is covered by the
+  release's guarantee (compare DP-SGD's ``history``, whose training losses are
+  documented as non-private diagnostics). Use it to debug a pipeline on public
+  or synthetic data; publishing any field of it on private data voids the
+  guarantee: ``certificate.weights`` is the exact non-private (certified)
+  minimiser, ``solver.value`` the objective at the solver's iterate, and even
+  iteration counts and the certifying route depend on the data.
+
+  Attributes:
+    solver: :class:`~jaxdp.training.lbfgs.SolverInfo` of the float32 fit(s)
+      (for output perturbation: the non-private fit, before noise), or None.
+    certificate: the :class:`~jaxdp.training.certified_solve.CertifiedSolution`
+      of the minimiser(s) the noise was added to, or None.
+  """
+
+  solver: Any
+  certificate: Any = None
+
+
 class PrivateLinearModel(NamedTuple):
-  """Output of a private training method.
+  """Output of a private training method: only private and public fields.
 
   Attributes:
     weights: released (private) weights; a leading axis ``M`` when ``M`` keys were given.
-    info: solver diagnostics of the fit(s) (for output perturbation: of the
-      non-private fit, before noise).
     event: the DpEvent describing the guarantee (spend it in a
       :class:`jaxdp.accounting.PrivacyAccountant`; one event per released
       model: ``M`` keys release ``M`` models, i.e. ``count=M``).
-    calibration: the host-side (float64) calibration the noise was drawn with.
-    certificate: the :class:`~jaxdp.training.certified_solve.CertifiedSolution`
-      of the released minimiser(s) (certified distance, route), or None.
+    calibration: the host-side (float64) calibration the noise was drawn with,
+      a function of the public parameters only (it holds the certified radius
+      ``tol/Lambda`` the sensitivity accounts for).
+    nonprivate_info: None unless the caller asked for the NOT PRIVATE
+      diagnostics (``return_nonprivate_diagnostics=True``):
+      :class:`NonPrivateDiagnostics`.
   """
 
   weights: jax.Array
-  info: SolverInfo
   event: Any
   calibration: Any
-  certificate: Any = None  # jaxdp.training.certified_solve.CertifiedSolution of the fit(s)
+  nonprivate_info: Any = None
+
+
+def nonprivate_diagnostics(requested: bool, solver: Any, certificate: Any = None
+                           ) -> NonPrivateDiagnostics | None:
+  """``NonPrivateDiagnostics(solver, certificate)`` if ``requested``, else None (the default)."""
+  return NonPrivateDiagnostics(solver, certificate) if requested else None
 
 
 def is_key_batch(key: Any) -> bool:
@@ -419,8 +456,7 @@ def require_converged(info: SolverInfo, method: str) -> None:
   """
   conv = np.asarray(info.converged)
   if not np.all(conv):
-    worst = float(np.max(np.asarray(info.grad_norm)))
     raise RuntimeError(
         f"{method}: L-BFGS did not reach the gradient tolerance in {int(np.sum(~conv))} of "
-        f"{conv.size} fit(s) (largest gradient norm {worst:.3g}); the privacy guarantee only holds "
-        "at the minimiser, so nothing is released. Increase max_iter or tol.")
+        f"{conv.size} fit(s); the privacy guarantee only holds at the minimiser, so nothing is "
+        "released. Increase max_iter or tol.")

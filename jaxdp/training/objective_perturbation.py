@@ -484,7 +484,7 @@ def _float32_reaches(cal, w_shape, n, tol) -> bool:
 
 
 def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, batch_mode,
-         init_weights=None):
+         init_weights=None, nonprivate=False):
   """Perturbed fit(s), float64 certificate/repair, then AMP output noise (module docstring).
 
   ``init_weights`` (shared by every key) only moves where L-BFGS starts: the
@@ -525,10 +525,12 @@ def _run(key, x, y, amp, *, loss, num_classes, l2_reg, h, max_iter, normalize, b
   z = np.asarray(_output_noise(out_keys, tuple(np.shape(cert.weights))[int(batched):], amp),
                  np.float64)
   w = jnp.asarray((cert.weights + z).astype(np.float32))
-  return linear.PrivateLinearModel(w, model.info, amp.event, amp, cert)
+  return linear.PrivateLinearModel(w, amp.event, amp,
+                                   linear.nonprivate_diagnostics(nonprivate, model.info, cert))
 
 
-def _non_private(key, x, y, *, loss, num_classes, l2_reg, h, max_iter, tol, normalize, cal):
+def _non_private(key, x, y, *, loss, num_classes, l2_reg, h, max_iter, tol, normalize, cal,
+                 nonprivate=False):
   model = linear.fit_linear(x, y, num_classes=num_classes, l2_reg=l2_reg, loss=loss, h=h,
                             max_iter=max_iter, tol=tol, normalize=normalize)
   w, info = model.weights, model.info
@@ -536,7 +538,8 @@ def _non_private(key, x, y, *, loss, num_classes, l2_reg, h, max_iter, tol, norm
     m = jnp.shape(key)[0]
     w = jnp.broadcast_to(w, (m,) + w.shape)
     info = jax.tree.map(lambda a: jnp.broadcast_to(a, (m,) + jnp.shape(a)), info)
-  return linear.PrivateLinearModel(w, info, cal.event, cal)
+  return linear.PrivateLinearModel(w, cal.event, cal,
+                                   linear.nonprivate_diagnostics(nonprivate, info))
 
 
 def loss_perturbation(
@@ -556,6 +559,7 @@ def loss_perturbation(
     normalize: bool = False,
     batch_mode: str = "auto",
     init_weights: Any = None,
+    return_nonprivate_diagnostics: bool = False,
 ) -> linear.PrivateLinearModel:
   """Multiclass loss perturbation (paper 000 Alg. 4 / Alg. 5) with Approximate Minima Perturbation.
 
@@ -575,7 +579,11 @@ def loss_perturbation(
   keys; e.g. the non-private minimiser at the same ``l2_reg``) warm-starts
   L-BFGS; the guarantee is unchanged because the release is certified within
   ``tol/Lambda`` of the exact perturbed minimiser whatever the start (module
-  docstring, "Warm starts").
+  docstring, "Warm starts"). ``return_nonprivate_diagnostics=True`` adds
+  ``nonprivate_info`` (solver diagnostics and the certificate of the perturbed
+  minimiser before the output noise ``Z``: NOT private,
+  :class:`~jaxdp.training.linear.NonPrivateDiagnostics`); by default the result
+  holds only the private weights, the event and the calibration.
 
   Raises:
     ValueError: bad privacy parameters, rows outside the unit ball (see
@@ -591,14 +599,14 @@ def loss_perturbation(
                                         neighbouring=neighbouring, l2_reg=l2_reg)
     return _non_private(key, x, y, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
                         max_iter=max_iter, tol=1e-6 if tol is None else tol,
-                        normalize=normalize, cal=cal)
+                        normalize=normalize, cal=cal, nonprivate=return_nonprivate_diagnostics)
   amp = loss_perturbation_amp_calibration(
       epsilon=eps, delta=delta, num_examples=n, num_classes=num_classes,
       dim=int(np.shape(x)[1]), rho=rho, neighbouring=neighbouring, l2_reg=l2_reg,
       amp_fraction=amp_fraction, tol=tol)
   return _run(key, x, y, amp, loss="softmax", num_classes=num_classes, l2_reg=l2_reg, h=0.5,
               max_iter=max_iter, normalize=normalize, batch_mode=batch_mode,
-              init_weights=init_weights)
+              init_weights=init_weights, nonprivate=return_nonprivate_diagnostics)
 
 
 def objective_perturbation(
@@ -617,6 +625,7 @@ def objective_perturbation(
     normalize: bool = False,
     batch_mode: str = "auto",
     init_weights: Any = None,
+    return_nonprivate_diagnostics: bool = False,
 ) -> linear.PrivateLinearModel:
   """Binary objective perturbation (paper 003 Alg. 1; Chaudhuri et al. 2011) with AMP, eps-DP.
 
@@ -627,7 +636,8 @@ def objective_perturbation(
   (Approximate Minima Perturbation, module docstring). ``loss`` is ``"logistic"``
   or ``"huber"`` (width ``h``). Labels in ``{0, 1}`` or ``{-1, 1}``.
   ``init_weights`` (``(D,)``) warm-starts L-BFGS without changing the guarantee
-  (module docstring, "Warm starts").
+  (module docstring, "Warm starts"). ``return_nonprivate_diagnostics`` as in
+  :func:`loss_perturbation` (NOT private; off by default).
   """
   _validation.check_key(key, allow_batch=True)
   n = int(np.shape(x)[0])
@@ -637,10 +647,10 @@ def objective_perturbation(
                                              loss=loss, h=h, allow_extra_l2=allow_extra_l2)
     return _non_private(key, x, y, loss=loss, num_classes=None, l2_reg=l2_reg, h=h,
                         max_iter=max_iter, tol=1e-6 if tol is None else tol,
-                        normalize=normalize, cal=cal)
+                        normalize=normalize, cal=cal, nonprivate=return_nonprivate_diagnostics)
   amp = objective_perturbation_amp_calibration(
       epsilon=eps, num_examples=n, dim=int(np.shape(x)[1]), l2_reg=l2_reg, loss=loss, h=h,
       allow_extra_l2=allow_extra_l2, amp_fraction=amp_fraction, tol=tol)
   return _run(key, x, y, amp, loss=loss, num_classes=None, l2_reg=l2_reg, h=h,
               max_iter=max_iter, normalize=normalize, batch_mode=batch_mode,
-              init_weights=init_weights)
+              init_weights=init_weights, nonprivate=return_nonprivate_diagnostics)

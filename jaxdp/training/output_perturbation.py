@@ -174,6 +174,7 @@ def output_perturbation(
     max_iter: int = 500,
     tol: float = 1e-6,
     normalize: bool = False,
+    return_nonprivate_diagnostics: bool = False,
 ) -> linear.PrivateLinearModel:
   """Output perturbation for any of the linear losses (paper 000 Alg. 1/3, paper 003 Alg. 4).
 
@@ -185,6 +186,12 @@ def output_perturbation(
   and ``solver_tol = tol``. With a batch of keys, returns one independent
   release per key (``count = M`` events). ``epsilon = inf`` returns exactly the
   (certified) non-private model.
+
+  Returns:
+    :class:`~jaxdp.training.linear.PrivateLinearModel`: the private weights, the
+    event and the calibration; ``nonprivate_info`` (the float32 solver's
+    diagnostics and the certificate, whose ``weights`` are the non-private
+    minimiser: NOT private) only with ``return_nonprivate_diagnostics=True``.
 
   Raises:
     ValueError: bad privacy parameters, ``l2_reg <= 0``, rows outside the unit
@@ -200,8 +207,9 @@ def output_perturbation(
       lipschitz=linear_losses.lipschitz_constant(loss), solver_tol=tol)
   model, cert = certified_fit(x, y, l2_reg=l2_reg, loss=loss, num_classes=num_classes, h=h,
                               max_iter=max_iter, tol=tol, normalize=normalize)
-  return linear.PrivateLinearModel(add_noise_float64(key, cert.weights, cal), model.info,
-                                   cal.event, cal, cert)
+  return linear.PrivateLinearModel(
+      add_noise_float64(key, cert.weights, cal), cal.event, cal,
+      linear.nonprivate_diagnostics(return_nonprivate_diagnostics, model.info, cert))
 
 
 def certified_fit(
@@ -274,13 +282,16 @@ def model_sensitivity(
     max_iter: int = 500,
     tol: float = 1e-6,
     normalize: bool = False,
+    return_nonprivate_diagnostics: bool = False,
 ) -> linear.PrivateLinearModel:
   """Multiclass model sensitivity (paper 000 App. B.1, Algorithm 1 for delta = 0, 3 for delta > 0).
 
   Softmax loss, ``K = sqrt(2)``; ``beta = N lambda eps / (2K)`` (L2-Laplace on
   the whole ``(D, C)`` weight matrix) or the analytic Gaussian on ``2K/(N lambda)``
   (plus the ``2 tol/lambda`` solver slack, see the module docstring).
+  ``return_nonprivate_diagnostics`` as in :func:`output_perturbation` (NOT private).
   """
   return output_perturbation(key, x, y, l2_reg=l2_reg, loss="softmax", num_classes=num_classes,
                              epsilon=epsilon, delta=delta, max_iter=max_iter, tol=tol,
-                             normalize=normalize)
+                             normalize=normalize,
+                             return_nonprivate_diagnostics=return_nonprivate_diagnostics)

@@ -19,11 +19,18 @@ def test_missing_bound_is_an_error_not_a_data_bound():
 
 def test_out_of_bound_values_rejected_unless_clip():
   lo, hi = _common.check_bounds(0.0, 1.0, 2)
-  x = np.array([[0.5, 0.2], [1.5, 0.1]])
-  with pytest.raises(ValueError, match=r"x\[1, 0\] = 1.5 lies outside"):
+  x = np.array([[0.5, 0.2], [1.7314159, 0.1]])
+  with pytest.raises(ValueError, match=r"x\[1, 0\] lies outside") as err:
     _common.check_data_in_bounds(x, lo, hi, clip=False)
+  assert "1.73" not in str(err.value)  # issue 26 item 7: never the private value
   np.testing.assert_array_equal(_common.check_data_in_bounds(x, lo, hi, clip=True),
                                 [[0.5, 0.2], [1.0, 0.1]])
+  with pytest.raises(ValueError, match=r"y must lie in \{0, ..., 2\}.*row 2 does not") as err:
+    _common.check_labels(np.array([0, 2, 137, 1]), 3, 4)
+  assert "137" not in str(err.value)
+  with pytest.raises(ValueError, match="integer class indices; row 1") as err:
+    _common.check_labels(np.array([0, 0.625, 1]), 3, 3)
+  assert "0.625" not in str(err.value)
   with pytest.raises(ValueError, match="NaN"):
     _common.check_data_in_bounds(np.array([[np.nan, 0.0]]), lo, hi, clip=True)
 
@@ -56,17 +63,92 @@ def test_private_quantile_is_accurate_and_spends():
   assert a == qs[3]
 
 
-def test_private_quantile_distribution_matches_the_exponential_mechanism():
-  # Data {0.25, 0.75} in [0, 1], q = 0.5: intervals [0,.25) rank 0, [.25,.75) rank 1,
-  # [.75, 1] rank 2; u = -|rank - 1|; P(interval) ∝ length * exp(beta u).
-  x = np.array([0.25, 0.75])
-  beta = 1.0
-  outs = np.asarray(jax.vmap(lambda k: quantile._quantile_core(
-      k, jax.numpy.asarray(x, "float32"), 0.5, 0.0, 1.0, beta))(jax.random.split(jax.random.key(0), 40000)))
-  w = np.array([0.25 * np.exp(-beta), 0.5, 0.25 * np.exp(-beta)])
-  p = w / w.sum()
-  emp = np.array([np.mean(outs < 0.25), np.mean((outs >= 0.25) & (outs < 0.75)), np.mean(outs >= 0.75)])
-  np.testing.assert_allclose(emp, p, atol=4 * np.sqrt(0.25 / 40000))
+def _spy_logits(monkeypatch):
+  """Records the logits every draw of jaxdp.classic.quantile receives."""
+  seen = []
+  real = quantile._draw_grid_index
+
+  def spy(key, logits):
+    seen.append(np.array(logits, np.float64))
+    return real(key, logits)
+
+  monkeypatch.setattr(quantile, "_draw_grid_index", spy)
+  return seen
+
+
+def _law(x, q, lower, upper, eps, points):
+  """First principles: p(o_k) ∝ exp((eps/2) u(o_k)), u = -|#{clip(x) < o_k} - q n|."""
+  grid = lower + np.arange(points) * (upper - lower) / (points - 1)
+  xc = np.clip(np.asarray(x, np.float64), lower, upper)
+  u = np.array([-abs(np.sum(xc < o) - q * len(xc)) for o in grid])
+  w = np.exp(eps / 2 * (u - u.max()))
+  return w / w.sum()
+
+
+def _softmax(logits):
+  w = np.exp(logits - logits.max(-1, keepdims=True))
+  return w / w.sum(-1, keepdims=True)
+
+
+def test_private_quantile_selects_with_exp_eps_over_2_utility(monkeypatch):
+  # Catches beta = eps instead of eps/2 (that law puts e^{eps/2} times more mass on the
+  # best candidates) and any other change of the utility or of beta.
+  seen = _spy_logits(monkeypatch)
+  x = np.array([0.25, 0.75, 0.6])
+  quantile.private_quantile(jax.random.key(0), x, 0.5, lower=0.0, upper=1.0, epsilon=1.0,
+                            num_grid_points=5)
+  np.testing.assert_allclose(_softmax(seen[0]), _law(x, 0.5, 0.0, 1.0, 1.0, 5), rtol=1e-12)
+  quantile.private_bounds(jax.random.key(0), np.stack([x, 1 - x], 1), lower=0.0, upper=1.0,
+                          epsilon=2.0, quantiles=(0.2, 0.9), num_grid_points=5)
+  eps_each = 2.0 / 4  # 2 d = 4 draws
+  for j, col in enumerate((x, 1 - x)):
+    for r, qq in enumerate((0.2, 0.9)):
+      np.testing.assert_allclose(_softmax(seen[1 + j][r]), _law(col, qq, 0.0, 1.0, eps_each, 5),
+                                 rtol=1e-12)
+
+
+def test_private_quantile_clips_data_to_the_search_range(monkeypatch):
+  # Records outside [lower, upper] count as the nearest end: same law and same draw as the
+  # clipped data (without the clip, the record at -5 would rank below the candidate 0).
+  seen = _spy_logits(monkeypatch)
+  x_out, x_clip = np.array([-5.0, 0.25, 0.75, 7.0]), np.array([0.0, 0.25, 0.75, 1.0])
+  for q in (0.0, 0.3, 1.0):
+    a = quantile.private_quantile(jax.random.key(1), x_out, q, lower=0, upper=1, epsilon=1.0,
+                                  num_grid_points=5)
+    b = quantile.private_quantile(jax.random.key(1), x_clip, q, lower=0, upper=1, epsilon=1.0,
+                                  num_grid_points=5)
+    assert a == b and 0.0 <= a <= 1.0
+    np.testing.assert_array_equal(seen[-2], seen[-1])
+    np.testing.assert_allclose(_softmax(seen[-1]), _law(x_clip, q, 0.0, 1.0, 1.0, 5), rtol=1e-12)
+
+
+def test_grid_draw_follows_the_softmax_of_its_logits():
+  # The sampler itself: 40,000 float64 Gumbel-max rows against the exact law.
+  logits = np.log(_law(np.array([0.25, 0.75, 0.6]), 0.5, 0.0, 1.0, 1.0, 5))
+  idx = quantile._draw_grid_index(jax.random.key(0), np.tile(logits, (40_000, 1)))
+  emp = np.bincount(idx, minlength=5) / 40_000
+  np.testing.assert_allclose(emp, np.exp(logits), atol=4 * np.sqrt(0.25 / 40_000))
+
+
+def test_output_support_is_the_public_grid_for_every_dataset():
+  # Issue 26 item 4: the release used to be edges[i] + u * lengths[i] in float32, a lattice
+  # anchored at a record. Now every output of D and of its neighbour lies on the same grid.
+  grid = quantile.quantile_grid(-1.0, 2.0, 257)
+  assert grid[0] == -1.0 and grid[-1] == 2.0 and np.all(np.diff(grid) > 0)
+  rng = np.random.default_rng(0)
+  x = rng.uniform(-1, 2, size=30)
+  xn = x.copy()
+  xn[0] = 1.2345678
+  outs = [quantile.private_quantile(jax.random.key(i), d, 0.5, lower=-1, upper=2, epsilon=1.0,
+                                    num_grid_points=257) for i in range(5) for d in (x, xn)]
+  assert np.all(np.isin(outs, grid))
+  lo, hi = quantile.private_bounds(jax.random.key(0), np.stack([x, xn], 1), lower=-1, upper=2,
+                                   epsilon=1.0, num_grid_points=257)
+  assert np.all(np.isin(np.concatenate([lo, hi]), grid))
+  for bad in (1, 2.5, 0):
+    with pytest.raises(ValueError, match="num_grid_points"):
+      quantile.private_quantile(jax.random.key(0), x, 0.5, lower=-1, upper=2, epsilon=1.0,
+                                num_grid_points=bad)
 
 
 def test_private_bounds_composes_2d_draws():

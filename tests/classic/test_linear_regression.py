@@ -31,7 +31,7 @@ def test_event_is_the_functional_mechanism_on_d_plus_1_features():
   x, y = _data(20000)
   acc = PrivacyAccountant()
   est = lr.PrivateLinearRegression(epsilon=5.0, lower=[0, -5, 10], upper=[1, 5, 20], y_lower=0,
-                                   y_upper=10, l2_reg=1e-3, accountant=acc).fit(x, y)
+                                   y_upper=10, l2_reg=1e-3, accountant=acc, seed=0).fit(x, y)
   assert acc.pure_epsilon() == pytest.approx(5.0)
   assert acc.neighbouring == "replace_one"
   assert fm.functional_mechanism_sensitivity("linear", 4) == pytest.approx(2 * (2 * 2 + 4))

@@ -160,3 +160,12 @@ def test_default_variance_floor_is_the_noise_level_of_each_class():
   fixed = nb.model_from_statistics(stats, jnp.zeros((0,), jnp.int32), [0, 0], [1, 1],
                                    var_floor=1e-3, sum_scale=20.0)
   np.testing.assert_allclose(np.asarray(fixed.var), 1e-3, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw", [dict(num_cat=-1, num_num=1), dict(num_cat=1, num_num=-2),
+                                dict(num_cat=1.5, num_num=1), dict(num_cat=True, num_num=1)])
+def test_calibration_refuses_bad_feature_counts(kw):
+  # Issue 26: num_cat=-1 used to give a negative sensitivity (less noise) silently.
+  name = "num_num" if kw["num_num"] == -2 else "num_cat"
+  with pytest.raises(ValueError, match=name):
+    nb.naive_bayes_calibration(epsilon=1.0, **kw)

@@ -113,3 +113,12 @@ def test_audit_priv_spd_matrix_respects_epsilon_and_catches_a_bug():
   a, b = _audit_stats(h0, h1, s / 8, phi, jax.random.key(12))
   buggy = epsilon_lower_bound(a, b, confidence=0.95, claimed_epsilon=phi)
   assert buggy.epsilon_lower_bound > phi
+
+
+@pytest.mark.parametrize("floor", [math.nan, math.inf, None, "0", jnp.ones(2)])
+def test_floor_must_be_a_real_number(floor):
+  with pytest.raises(ValueError, match="floor"):
+    spd.priv_spd_matrix(jax.random.key(0), jnp.eye(2), 1.0, 1.0, floor=floor)
+  # -inf (no floor) is allowed.
+  out = spd.priv_spd_matrix(jax.random.key(0), jnp.eye(2), 1.0, 1.0, floor=-math.inf)
+  assert np.all(np.isfinite(np.asarray(out)))

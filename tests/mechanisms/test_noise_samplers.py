@@ -101,11 +101,13 @@ def test_l2_laplace_radius_is_gamma(dim):
   # Variance dim/beta^2; Var((r - m)^2) = E(r-m)^4 - var^2 = (3 var^2 + 6 dim/beta^4) - var^2.
   var = dim / beta**2
   _assert_mean((r - dim / beta) ** 2, var, math.sqrt(2 * var**2 + 6 * dim / beta**4))
-  # A 0.1% error in the radius scale is caught at this sample size for dim 7840
-  # (relative s.e. of the mean is 1/sqrt(dim n) = 1.6e-4), so float32
+  # A 0.2% error in the radius scale is caught at this sample size for dim 7840
+  # (a shift of 0.002 sqrt(dim) = 0.18 sd: expected KS distance 0.07 against a
+  # critical 0.032 at p = 1e-4, n = 5000; a 0.1% error sits right at the
+  # critical value, so whether it was caught depended on the seed), so float32
   # accumulation of the radius (a sum of dim exponentials) is accurate.
   if dim == 7840:
-    assert stats.kstest(r, stats.gamma(a=dim, scale=1.001 / beta).cdf).pvalue < P_FLOOR
+    assert stats.kstest(r, stats.gamma(a=dim, scale=1.002 / beta).cdf).pvalue < P_FLOOR
 
 
 @pytest.mark.parametrize("shape", [(10,), (784, 10)])
@@ -192,69 +194,176 @@ def test_legacy_keys_int_and_scalar_shapes():
 # ------------------------------------------------------------------ long float32 tails
 
 
-def test_exponential_from_bits_support_reaches_46_ln2():
+LAPLACE_WIDTHS = (31, 32, 32, 32)  # sign bit + 127-bit uniform (laplace_from_words)
+GAUSSIAN_WIDTHS = (9, 32, 32, 32)  # 105-bit radius uniform (normal_pairs_from_words)
+
+
+def _chunks_with_leading_zeros(seed, n, widths, zeros):
+  """Random chunks of the given widths with the first ``zeros`` chunks set to 0."""
+  w = np.asarray(jax.random.bits(jax.random.key(seed), (len(widths), n), jnp.uint32))
+  w = [np.zeros(n, np.uint32) if j < zeros else w[j] >> np.uint32(32 - width)
+       for j, width in enumerate(widths)]
+  return w
+
+
+def _exact_exponential(chunks, widths):
+  """-log((N + 1) 2^-B) in float64 from Python integers (N = the concatenated chunks)."""
+  out = []
+  bits = sum(widths)
+  for values in zip(*chunks):
+    n = 0
+    for v, width in zip(values, widths):
+      n = (n << width) | int(v)
+    if 2 * (n + 1) > 2**bits:  # U > 1/2: -log1p(-(1 - U)) avoids float64 cancellation
+      out.append(-math.log1p(-((2**bits - 1 - n) / 2**bits)))
+    else:
+      out.append(bits * math.log(2) - math.log(n + 1))
+  return np.array(out)
+
+
+@pytest.mark.parametrize("widths", [LAPLACE_WIDTHS, GAUSSIAN_WIDTHS])
+def test_exponential_from_words_is_minus_log_of_the_multiword_uniform(widths):
+  """At every level (first non-zero chunk j = 0..3) the float32 value is -log((N+1) 2^-B)."""
   from jaxdp.mechanisms import _sampling
-  shift = np.uint32(1 << 9)  # the top 23 bits of a word carry the value
-  hi = jnp.array([0, 0, 0, (1 << 23) - 1], jnp.uint32) * shift
-  lo = jnp.array([0, 1, (1 << 23) - 1, (1 << 23) - 1], jnp.uint32) * shift
-  e = np.asarray(_sampling.exponential_from_bits(hi, lo, jnp.float32), np.float64)
-  # U = (hi 2^23 + lo + 1) 2^-46
-  expected = -np.log(np.array([1.0, 2.0, 2.0**23, 2.0**46]) * 2.0**-46)
-  np.testing.assert_allclose(e, expected, rtol=1e-6, atol=1e-7)
-  assert e[0] == pytest.approx(46 * math.log(2), rel=1e-6)  # |Lap| up to 31.9 scale units
-  # jax.random.laplace stops at ~16.6 in float32
-  assert e[0] > 16.6 + 15
+  f = jax.jit(lambda c: _sampling.exponential_from_words(list(zip(c, widths)), jnp.float32))
+  for zeros in range(4):
+    chunks = _chunks_with_leading_zeros(60 + zeros, 400, widths, zeros)
+    got = np.asarray(f([jnp.asarray(c) for c in chunks]), np.float64)
+    np.testing.assert_allclose(got, _exact_exponential(chunks, widths), rtol=3e-7, atol=2e-7)
+  # the extremes: N = 0 gives the cut B ln 2; N = 2^B - 1 gives 0
+  zero = [jnp.zeros(1, jnp.uint32)] * 4
+  full = [jnp.full(1, (1 << w) - 1, jnp.uint32) for w in widths]
+  assert float(f(zero)[0]) == pytest.approx(sum(widths) * math.log(2), rel=1e-6)
+  assert float(f(full)[0]) == 0.0
 
 
-def _tail_words(seed: int, n: int) -> tuple[jax.Array, jax.Array]:
-  """Random word pairs conditioned on the top 23 bits of word 0 being zero (U <= 2^-23)."""
-  w = jax.random.bits(jax.random.key(seed), (2, n), jnp.uint32)
-  return w[0] & jnp.uint32(511), w[1]
+@pytest.mark.parametrize("widths", [LAPLACE_WIDTHS, GAUSSIAN_WIDTHS])
+def test_exponential_near_one_is_not_rounded_to_zero(widths):
+  """U within 2^-24 of 1 rounds to 1.0 in float32; E = -log U must still be its exact value > 0.
 
-
-def test_normal_radius_uniform_support_reaches_41_ln2():
-  from jaxdp.mechanisms import _sampling
-  # U = (hi + (mid + 1) 2^-18) 2^-23 with hi = word0 >> 9, mid = (word0 & 511) << 9 | (word1 & 511)
-  w0 = jnp.array([0, 0, 1, 511, (1 << 9), 0xFFFFFFFF], jnp.uint32)
-  w1 = jnp.array([0, 1, 0, 511, 0, 0xFFFFFFFF], jnp.uint32)
-  u = np.asarray(_sampling.radius_uniform_from_bits(w0, w1, jnp.float32), np.float64)
-  expected = np.array([1, 2, 2**9 + 1, 2**18, 2**18 + 1, 2**41], np.float64) * 2.0**-41
-  np.testing.assert_allclose(u, expected, rtol=2**-23)
-  np.testing.assert_array_equal(u[:4], expected[:4])  # exact in the tail (hi = 0)
-  z_cos, _ = _sampling.normal_pairs_from_bits(jnp.zeros(1, jnp.uint32), jnp.zeros(1, jnp.uint32),
-                                              jnp.float32)
-  # the largest Box-Muller radius, at the smallest angle (pi 2^-23): sqrt(2 * 41 ln 2) = 7.539,
-  # beyond jax.random.normal's float32 bound of ~5.42
-  assert float(z_cos[0]) == pytest.approx(math.sqrt(82 * math.log(2)), rel=1e-6)
-  assert float(z_cos[0]) > 7.5
-
-
-def test_normal_tail_law_beyond_jax_random_normal_bound():
-  """Conditioned on U <= 2^-23 (radius >= 5.65 > 5.42): R^2/2 - 23 ln 2 ~ Exp(1), reaching R > 7.
-
-  Feeds the exact transform of ``gaussian_noise`` with random words whose top 23
-  bits are zero, i.e. samples the sampler's own tail region, which a truncated
-  sampler (``jax.random.normal`` stops at 5.42) or one that drops the low
-  bits of ``U`` would not reproduce.
+  Regression: the top chunk all ones and a second chunk above 2^32 - 2^16 gave
+  E = 0, a zero Box-Muller radius, and a NaN one-coordinate L2-Laplace direction
+  (about 1 key in 3e7; key 122943 of split(split(key(7))[0], 200000) hit it).
   """
   from jaxdp.mechanisms import _sampling
-  n = 100_000
-  w0, w1 = _tail_words(40, n)
-  z_cos, z_sin = _sampling.normal_pairs_from_bits(w0, w1, jnp.float32)
-  r2 = np.asarray(z_cos, np.float64) ** 2 + np.asarray(z_sin, np.float64) ** 2
-  excess = r2 / 2 - 23 * math.log(2)
-  assert excess.min() >= -1e-4
-  # the law is Exp(1) truncated at 18 ln 2 (mass 4e-6 beyond), on a 2^-18 grid
+  f = jax.jit(lambda c: _sampling.exponential_from_words(list(zip(c, widths)), jnp.float32))
+  top = (1 << widths[0]) - 1
+  chunks = [np.array([top, top, top], np.uint32),
+            np.array([0xFFFF3B13, 0xFFFFFFFF, 0xFFFFFFFF], np.uint32),
+            np.array([0x9320953B, 0x12345678, 0xFFFFFFFF], np.uint32),
+            np.array([0xC0FF7B83, 0x9ABCDEF0, 0xFFFFFF00], np.uint32)]
+  got = np.asarray(f([jnp.asarray(c) for c in chunks]), np.float64)
+  np.testing.assert_allclose(got, _exact_exponential(chunks, widths), rtol=3e-7)
+  assert np.all(got > 0)
+  # the sampler that showed it: a one-coordinate direction is never 0/0
+  key = jax.random.split(jax.random.split(jax.random.key(7))[0], 200_000)[122943]
+  assert np.all(np.isfinite(np.asarray(mech.l2_laplace_noise(key, (1,), 1.0))))
+
+
+def test_samplers_reach_far_beyond_the_old_cuts():
+  """Crafted bits: |Lap(1)| reaches 127 ln 2 = 88.03 (was 31.9), |N(0,1)| 12.06 (was 7.54)."""
+  from jaxdp.mechanisms import _sampling
+  zero = jnp.zeros(1, jnp.uint32)
+  top = jnp.full(1, 1 << 31, jnp.uint32)
+  lap_pos = float(_sampling.laplace_from_words([top, zero, zero, zero], jnp.float32)[0])
+  lap_neg = float(_sampling.laplace_from_words([zero, zero, zero, zero], jnp.float32)[0])
+  assert lap_pos == pytest.approx(_sampling.LAPLACE_CUT, rel=1e-6) and lap_neg == -lap_pos
+  assert _sampling.LAPLACE_CUT == pytest.approx(88.0297, abs=1e-4) and lap_pos > 31.9 + 50
+  z_cos, z_sin = _sampling.normal_pairs_from_words([zero] * 4, jnp.float32)
+  radius = math.hypot(float(z_cos[0]), float(z_sin[0]))
+  assert radius == pytest.approx(_sampling.GAUSSIAN_CUT, rel=1e-6)
+  assert _sampling.GAUSSIAN_CUT == pytest.approx(12.0649, abs=1e-4) and float(z_cos[0]) > 12.0
+  # the tail mass beyond each cut is the mass of the smallest uniform atom
+  assert math.exp(-_sampling.LAPLACE_CUT) == pytest.approx(_sampling.LAPLACE_TAIL_PROB, rel=1e-12)
+  assert math.exp(-_sampling.GAUSSIAN_CUT**2 / 2) == pytest.approx(
+      _sampling.GAUSSIAN_TAIL_PROB, rel=1e-12)
+  assert _sampling.LAPLACE_TAIL_PROB < 1e-38 and _sampling.GAUSSIAN_TAIL_PROB < 3e-32
+  # gamma summands: 128 bits each
+  assert float(_sampling.exponential_from_words([(zero, 32)] * 4, jnp.float32)[0]) == (
+      pytest.approx(128 * math.log(2), rel=1e-6))
+
+
+@pytest.mark.parametrize("zeros", [1, 2, 3])
+def test_laplace_tail_law_beyond_each_word(zeros):
+  """Conditioned on the first ``zeros`` chunks being 0, E - (their width) ln 2 ~ Exp(1).
+
+  Feeds the exact transform of ``laplace_noise`` with random words whose leading
+  bits are zero, i.e. samples the sampler's own tail region (beyond 21.5, 43.7
+  and 65.9 scales), which a truncated sampler (the old 46-bit one stops at 31.9)
+  or one that drops low-order words would not reproduce.
+  """
+  from jaxdp.mechanisms import _sampling
+  n = 20_000
+  chunks = _chunks_with_leading_zeros(70 + zeros, n, LAPLACE_WIDTHS, zeros)
+  shift = sum(LAPLACE_WIDTHS[:zeros]) * math.log(2)
+  e = np.asarray(_sampling.exponential_from_words(
+      [(jnp.asarray(c), w) for c, w in zip(chunks, LAPLACE_WIDTHS)], jnp.float32), np.float64)
+  excess = e - shift
+  assert excess.min() >= -1e-4  # every value lies beyond shift (43.7 and 65.9 exceed the old 31.9)
   assert stats.kstest(excess, stats.expon().cdf).pvalue > P_FLOOR
   assert stats.kstest(excess, stats.expon(scale=1.05).cdf).pvalue < P_FLOOR
-  # P(R > 7 | U <= 2^-23) = exp(-(24.5 - 23 ln 2)) = 1.9e-4: ~19 hits expected, P(none) = e^-19
-  p = math.exp(-(24.5 - 23 * math.log(2)))
-  hits = np.sqrt(r2) > 7.0
-  assert hits.any()
-  _assert_prob(hits, p)
-  # and the angle stays uniform in the tail: cos^2 ~ Beta(1/2, 1/2) (arcsine law)
+
+
+def test_normal_tail_law_beyond_the_old_bound():
+  """Conditioned on the first 41 radius bits being 0 (R >= 7.54, the old cut): R^2/2 - 41 ln 2 ~ Exp(1).
+
+  The angle stays uniform in the tail: cos^2 ~ Beta(1/2, 1/2) (arcsine law).
+  """
+  from jaxdp.mechanisms import _sampling
+  n = 20_000
+  w = np.asarray(jax.random.bits(jax.random.key(80), (4, n), jnp.uint32))
+  words = [jnp.zeros(n, jnp.uint32), jnp.asarray(w[1]), jnp.asarray(w[2]),
+           jnp.asarray(w[3] & np.uint32(0xFFFFFE00))]  # radius chunks (9, 32, ...) = (0, 0, ...)
+  z_cos, z_sin = _sampling.normal_pairs_from_words(words, jnp.float32)
+  r2 = np.asarray(z_cos, np.float64) ** 2 + np.asarray(z_sin, np.float64) ** 2
+  excess = r2 / 2 - 41 * math.log(2)
+  assert excess.min() >= -1e-4 and np.sqrt(r2).min() >= 7.5
+  assert stats.kstest(excess, stats.expon().cdf).pvalue > P_FLOOR
+  assert stats.kstest(excess, stats.expon(scale=1.05).cdf).pvalue < P_FLOOR
   c2 = np.asarray(z_cos, np.float64) ** 2 / r2
   assert stats.kstest(c2, stats.beta(0.5, 0.5).cdf).pvalue > P_FLOOR
+
+
+def _capped_laplace_hockey_stick(cut, shift, epsilon, grid=400_001):
+  """sup_S P(S) - e^eps Q(S) for P = sign * min(Exp(1), cut), Q = P + shift (shift >= 0).
+
+  The real-arithmetic model of the sampler: Laplace density on (-cut, cut) and
+  atoms e^-cut/2 at +-cut. Computed numerically on a fine grid plus the atoms.
+  """
+  lo, hi = -cut, cut + shift
+  x = np.linspace(lo, hi, grid)
+  dx = x[1] - x[0]
+  dens = lambda z, c: np.where(np.abs(z - c) < cut, 0.5 * np.exp(-np.abs(z - c)), 0.0)
+  cont = np.sum(np.maximum(dens(x, 0.0) - math.exp(epsilon) * dens(x, shift), 0.0)) * dx
+  atom = 0.5 * math.exp(-cut)
+  # P's atoms at -cut and +cut are not atoms of Q (shift > 0): both count fully
+  return cont + 2 * atom
+
+
+@pytest.mark.parametrize("shift", [0.3, 1.0])
+def test_stated_tail_delta_bounds_the_capped_laplace_privacy_loss(shift):
+  """The formal statement of _sampling's docstring, checked on a scaled-down cut.
+
+  With the sampler's cut at C (here C = 8 ln 2 so the numbers are visible), a
+  pure eps-DP Laplace release (eps = shift / b) is (eps, delta)-DP with
+  delta <= (d - 1 + e^eps) e^-C (d = 1) <= tail_delta's (1 + e^eps) e^-C, and
+  NOT (eps, 0)-DP: the exact delta is e^-C (1 + e^eps)/2 > 0.
+  """
+  from jaxdp.mechanisms import _sampling
+  cut = 8 * math.log(2)
+  eps = shift
+  delta = _capped_laplace_hockey_stick(cut, shift, eps)
+  assert delta == pytest.approx(math.exp(-cut) * (1 + math.exp(eps)) / 2, rel=1e-3)
+  assert delta <= math.exp(eps) * math.exp(-cut)
+  assert delta > 0.5 * math.exp(-cut)  # truncation is never pure DP
+  # tail_delta's generic bound, here with the real 127-bit cut for one coordinate
+  assert _sampling.tail_delta(eps, laplace_coordinates=1) == pytest.approx(
+      (1 + math.exp(eps)) * 2.0**-127, rel=1e-12)
+  # the docstring's example: 2^50 Gaussian coordinates (2^49 pairs), tau = 2^-56
+  assert _sampling.tail_delta(1.0, gaussian_coordinates=2**50) == pytest.approx(
+      (1 + math.e) * 2.0**-56, rel=1e-12)
+  assert _sampling.tail_delta(1.0, gaussian_coordinates=2**50) < 6e-17
+  assert _sampling.tail_delta(10.0, gaussian_coordinates=2**50) < 4e-13
 
 
 def test_cos_sin_from_bits_accuracy_and_uniform_angle():
@@ -284,11 +393,10 @@ def test_gaussian_tail_frequencies_and_layout():
   # odd sizes: (2, ceil(n/2)) words, flat cosine half then the first sines
   from jaxdp.mechanisms import _sampling
   key = jax.random.key(42)
-  zc, zs = _sampling.normal_pairs_from_bits(*_sampling.threefry_word_pairs(key, (4,)), jnp.float32)
+  zc, zs = _sampling.normal_pairs_from_words(_sampling._four_words(key, (4,)), jnp.float32)
   np.testing.assert_allclose(np.asarray(mech.gaussian_noise(key, (7,), 1.0)),
                              np.concatenate([np.asarray(zc), np.asarray(zs)[:3]]), rtol=1e-6)
-  zc, zs = _sampling.normal_pairs_from_bits(*_sampling.threefry_word_pairs(key, (3, 2, 5)),
-                                            jnp.float32)
+  zc, zs = _sampling.normal_pairs_from_words(_sampling._four_words(key, (3, 2, 5)), jnp.float32)
   np.testing.assert_allclose(np.asarray(mech.gaussian_noise(key, (3, 4, 5), 1.0)),
                              np.concatenate([np.asarray(zc), np.asarray(zs)], axis=1), rtol=1e-6)
 

@@ -1,5 +1,7 @@
 """Tests of jaxdp.multiparty.local and .aggregation (paper 001 Sec. 3.1, Eq. 6 and 12)."""
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -67,3 +69,92 @@ def test_soft_labels_and_majority():
   for bad in (votes + 3, votes - 1, votes + 0.5, np.zeros((0, 3))):
     with pytest.raises(ValueError, match="votes"):
       aggregation.soft_labels(bad, 3)
+
+
+# ---------------------------------------------------------------- rounding of the soft labels
+
+
+def _max_entry_move(votes_a, votes_b, c):
+  """Exact (rational) max |alpha - alpha'| over entries, of the float values soft_labels returns."""
+  a = np.asarray(aggregation.soft_labels(votes_a, c), np.float64)
+  b = np.asarray(aggregation.soft_labels(votes_b, c), np.float64)
+  return max(abs(Fraction(float(u)) - Fraction(float(v))) for u, v in zip(a.ravel(), b.ravel()))
+
+
+@pytest.mark.parametrize("m,c", [(3, 2), (10, 2), (7, 3)])
+def test_soft_labels_move_by_at_most_the_claimed_bound_after_rounding(m, c):
+  """Regression (issue 26 proof gap): float32 soft labels moved by up to 1/M + 2^-23.
+
+  Every count k of class-1 votes in [0, M] on its own auxiliary column; the
+  neighbour changes party 0's vote on every column (one party, all its votes).
+  The move is checked exactly (Fractions of the returned floats) against the
+  claimed 1/M + 2^-52, written here from the proof, not read from the library.
+  """
+  claimed = Fraction(1, m) + Fraction(2) ** -52
+  assert Fraction(aggregation.soft_label_row_change(m)) >= claimed  # rounded up
+  cols = np.arange(m + 1)
+  votes = (np.arange(m)[:, None] < cols[None, :]).astype(np.int32)  # column j: j votes for 1
+  votes[0] = np.where(cols > 0, 1, 0)  # party 0 votes 1 wherever it counts
+  neighbour = votes.copy()
+  neighbour[0] = (votes[0] + 1) % c  # party 0 changes every vote
+  move = _max_entry_move(votes, neighbour, c)
+  assert move <= claimed
+  assert move >= Fraction(1, m) - Fraction(2) ** -40  # the worst case is exercised
+  # The M used here does show the float32 defect (the previous implementation's labels):
+  f32 = [np.float32(k) / np.float32(m) for k in range(m + 1)]
+  worst32 = max(Fraction(float(f32[k])) - Fraction(float(f32[k - 1])) for k in range(1, m + 1))
+  assert worst32 > claimed
+
+
+def test_soft_labels_are_float64_quotients_of_exact_counts():
+  votes = np.array([[0, 1, 1], [1, 1, 0], [1, 0, 0]], np.int8)
+  a = aggregation.soft_labels(votes, 2)
+  assert isinstance(a, np.ndarray) and a.dtype == np.float64
+  np.testing.assert_array_equal(a[:, 1], np.array([2, 2, 1]) / 3)
+
+
+# ---------------------------------------------------------------- silent bad inputs
+
+
+@pytest.mark.parametrize("labels,match", [
+    (lambda z: np.full(len(z), 0.7), r"the labels returned by predictors\[1\].*\[0\] is not one"),
+    (lambda z: np.array([0, 1, np.nan]), r"predictors\[1\].*\[2\] is not one"),
+    (lambda z: np.array([0, -1, 1]), r"predictors\[1\].*\[1\] is not one"),
+    (lambda z: np.array(["a", "b", "c"]), r"predictors\[1\].*numeric"),
+])
+def test_votes_from_predictors_refuses_non_integer_labels(labels, match):
+  """Regression (issue 26): 0.7 used to be truncated to the label 0 without a word."""
+  x = np.zeros((3, 2), np.float32)
+  with pytest.raises(ValueError, match=match) as err:
+    local.votes_from_predictors([lambda z: np.zeros(len(z), int), labels], x)
+  assert "0.7" not in str(err.value)
+  votes = local.votes_from_predictors([lambda z: np.ones(len(z)), lambda z: np.zeros(len(z))], x)
+  assert votes.dtype == np.int32 and votes.tolist() == [[1, 1, 1], [0, 0, 0]]
+
+
+@pytest.mark.parametrize("bad,match", [
+    (np.nan, r"y must hold integer class labels.*y\[4\] is not one"),
+    (np.inf, r"y\[4\] is not one"),
+    (0.5, r"y\[4\] is not one"),
+])
+def test_split_parties_refuses_nan_and_fractional_labels(bad, match):
+  """Regression (issue 26): NaN labels used to be distributed to the parties silently."""
+  x = np.zeros((10, 2), np.float32)
+  y = np.zeros(10)
+  y[4] = bad
+  with pytest.raises(ValueError, match=match) as err:
+    local.split_parties(0, x, y, num_parties=2, samples_per_party=2)
+  assert "0.5" not in str(err.value)
+  for seed in (1.5, True, "0", -1):
+    with pytest.raises(ValueError, match="seed"):
+      local.split_parties(seed, x, np.zeros(10), num_parties=2, samples_per_party=2)
+  fresh = [local.split_parties(None, np.arange(40.0).reshape(20, 2), np.zeros(20), num_parties=2,
+                               samples_per_party=5).xs for _ in range(2)]
+  assert fresh[0].shape == (2, 5, 2)  # seed=None: a split from OS entropy
+
+
+def test_local_votes_refuse_non_finite_weights():
+  w = np.zeros((2, 3), np.float32)
+  w[1, 2] = np.nan
+  with pytest.raises(ValueError, match="weights"):
+    local.local_votes(w, np.zeros((4, 3), np.float32))

@@ -48,27 +48,30 @@ def _worst_pair(others, x, c, lam, method):
 
 @pytest.mark.parametrize("lam,m", [(1e-4, 20000), (0.5, 3), (1e-2, 1000)])
 def test_sensitivities_match_the_theorems(lam, m):
+  # Soft labels are float64 fl(k/M): one entry moves by r = 1/M + 2^-52 (aggregation docstring).
+  r = 1 / m + 2.0**-52
   assert pg.vote_sensitivity(lam, num_classes=2) == pytest.approx(2 / lam, rel=1e-14)  # Eq. 28
   assert pg.vote_sensitivity(lam, num_classes=6) == pytest.approx(math.sqrt(2) / lam, rel=1e-14)
   assert pg.soft_label_sensitivity(lam, num_parties=m, num_classes=2) == pytest.approx(
-      2 / (m * lam), rel=1e-14)  # Theorem 3
+      2 * r / lam, rel=1e-14)  # Theorem 3
   assert pg.soft_label_sensitivity(lam, num_parties=m, num_classes=6) == pytest.approx(
-      math.sqrt(2) / (m * lam), rel=1e-14)  # Eq. 60
-  # Section 4.5: (N + M - 1)/N for binary soft labels; binary vote unchanged.
+      math.sqrt(2) * r / lam, rel=1e-14)  # Eq. 60
+  # Section 4.5: ((N-1) 2r + 2)/(N lambda) = (2/(M lambda)) (N + M - 1)/N at r = 1/M.
   n = 43000
   assert pg.soft_label_sensitivity(lam, num_parties=m, num_classes=2, num_aux=n,
                                    protect_auxiliary=True) == pytest.approx(
-      2 / (m * lam) * (n + m - 1) / n, rel=1e-14)
+      ((n - 1) * 2 * r + 2) / (n * lam), rel=1e-14)
+  assert ((n - 1) * 2 / m + 2) / n == pytest.approx(2 / m * (n + m - 1) / n, rel=1e-14)
   assert pg.vote_sensitivity(lam, num_classes=2, num_aux=n, protect_auxiliary=True) == 2 / lam
   # Multiclass counterparts (module docstring): the changed row costs 2 sqrt(2).
   assert pg.soft_label_sensitivity(lam, num_parties=m, num_classes=3, num_aux=n,
                                    protect_auxiliary=True) == pytest.approx(
-      math.sqrt(2) / (m * lam) * (n + 2 * m - 1) / n, rel=1e-14)
+      ((n - 1) * math.sqrt(2) * r + 2 * math.sqrt(2)) / (n * lam), rel=1e-14)
   assert pg.vote_sensitivity(lam, num_classes=3, num_aux=n, protect_auxiliary=True) == \
       pytest.approx(math.sqrt(2) * (n + 1) / (n * lam), rel=1e-14)
   # Inexact minimiser: + 2 tol / lambda.
   assert pg.soft_label_sensitivity(lam, num_parties=m, num_classes=2, solver_tol=1e-6) == \
-      pytest.approx(2 / (m * lam) + 2e-6 / lam, rel=1e-14)
+      pytest.approx(2 * r / lam + 2e-6 / lam, rel=1e-14)
 
 
 def test_calibration_noise_scales_and_events():
@@ -114,7 +117,7 @@ def test_bad_inputs_raise():
   bad[0, 0] = np.nan
   with pytest.raises(ValueError, match="x_aux"):
     pg.private_soft_label_erm(key, votes, bad, num_classes=2, l2_reg=1.0, epsilon=1.0)
-  with pytest.raises(ValueError, match="votes"):
+  with pytest.raises(ValueError, match=r"votes\[0, 0\] \(party 0"):
     pg.private_soft_label_erm(key, votes + 2, x, num_classes=2, l2_reg=1.0, epsilon=1.0)
   with pytest.raises(ValueError, match="columns"):
     pg.private_vote_erm(key, votes[:, :4], x, num_classes=2, l2_reg=1.0, epsilon=1.0)
@@ -171,6 +174,11 @@ def test_protect_auxiliary_bound_holds_when_one_aux_row_also_changes():
 # ---------------------------------------------------------------- releases
 
 
+def _reference(votes, x, c, lam, method, tol=1e-6):
+  """The certified float64 point the release adds its noise to (same inputs, deterministic)."""
+  return pg.global_minimizer(votes, x, num_classes=c, l2_reg=lam, method=method, tol=tol)[0].weights
+
+
 def _small_problem(seed=0, m=15, n=40, d=4, c=2):
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(n, d))
@@ -187,11 +195,11 @@ def test_epsilon_inf_gives_the_nonprivate_soft_label_model(c):
   r = pg.private_soft_label_erm(jax.random.key(1), votes, x, num_classes=c, l2_reg=0.1,
                                 epsilon=math.inf)
   assert isinstance(r.event, events.NonPrivateDpEvent)
-  np.testing.assert_array_equal(np.asarray(r.weights),
-                                r.certificate.weights.astype(np.float32))
+  w64 = _reference(votes, x, c, 0.1, "soft")
+  np.testing.assert_array_equal(np.asarray(r.weights), w64.astype(np.float32))
   # ... and it is the minimiser of Eq. 19/55: float64 gradient ~ 0 at it.
   t = np.asarray(aggregation.soft_labels(votes, c), np.float64)
-  g = _soft_erm.grad64(r.certificate.weights, x.astype(np.float64), t, 0.1)
+  g = _soft_erm.grad64(w64, x.astype(np.float64), t, 0.1)
   assert np.linalg.norm(g) <= 1e-6
   # With unanimous votes the soft and vote objectives coincide.
   unanimous = np.repeat(votes[:1], 5, axis=0)
@@ -209,10 +217,10 @@ def test_soft_label_noise_norm_matches_the_calibration():
   r = pg.private_soft_label_erm(jax.random.split(jax.random.key(4), k), votes, x, num_classes=3,
                                 l2_reg=lam, epsilon=eps)
   d = x.shape[1] * 3
-  sens = math.sqrt(2) / (m * lam) + 2e-6 / lam
+  sens = math.sqrt(2) * (1 / m + 2.0**-52) / lam + 2e-6 / lam
   assert r.calibration.sensitivity == pytest.approx(sens, rel=1e-12)
-  norms = np.linalg.norm((np.asarray(r.weights, np.float64) - r.certificate.weights).reshape(k, -1),
-                         axis=1)
+  w64 = _reference(votes, x, 3, lam, "soft")
+  norms = np.linalg.norm((np.asarray(r.weights, np.float64) - w64).reshape(k, -1), axis=1)
   mean, sd = d * sens / eps, math.sqrt(d) * sens / eps
   assert abs(norms.mean() - mean) <= 5 * sd / math.sqrt(k)
   assert abs(norms.std() - sd) <= 0.1 * sd
@@ -225,7 +233,7 @@ def test_gaussian_release_std_and_accountant_unit():
   votes, x = _small_problem()
   r = pg.private_soft_label_erm(jax.random.split(jax.random.key(6), 3000), votes, x,
                                 num_classes=2, l2_reg=0.1, epsilon=1.0, delta=1e-5)
-  z = (np.asarray(r.weights, np.float64) - r.certificate.weights).reshape(-1)
+  z = (np.asarray(r.weights, np.float64) - _reference(votes, x, 2, 0.1, "soft")).reshape(-1)
   assert abs(z.std() / r.calibration.scale - 1) < 0.03
   acc = PrivacyAccountant(unit="party")
   acc.spend(r.event, count=3000)
@@ -273,3 +281,38 @@ def test_audit_finds_no_violation_on_the_worst_pair():
   rep = audit.audit_epsilon(broken, v0, v1, stat, key=jax.random.key(9), num_trials=20000,
                             claimed_epsilon=eps, batched=True, progress=False)
   assert rep.epsilon_lower_bound > eps
+
+
+# ---------------------------------------------------------------- accountant: spend before work
+
+
+def test_accountant_is_charged_one_event_per_key_before_any_work(monkeypatch):
+  from jaxdp.accounting import PrivacyBudget
+  from jaxdp.errors import BudgetExceededError
+  from jaxdp.multiparty import baselines
+  votes, x = _small_problem()
+  acc = PrivacyAccountant(unit="party", neighbouring="replace_one")
+  r = pg.private_soft_label_erm(jax.random.split(jax.random.key(3), 4), votes, x, num_classes=2,
+                                l2_reg=0.1, epsilon=0.5, accountant=acc)
+  assert r.weights.shape[0] == 4 and list(acc.ledger) == [(r.event, 4)]
+
+  def boom(*args, **kwargs):
+    raise AssertionError("computed on the data although the budget refused")
+  monkeypatch.setattr(pg, "global_minimizer", boom)
+  monkeypatch.setattr(baselines, "_certify", boom)
+  budget = PrivacyBudget(epsilon=1.2, neighbouring="replace_one", unit="party")
+  with pytest.raises(BudgetExceededError):  # 3 x 0.5 > 1.2: refused before any work
+    pg.private_vote_erm(jax.random.split(jax.random.key(4), 3), votes, x, num_classes=2,
+                        l2_reg=0.1, epsilon=0.5, accountant=budget)
+  assert not budget.accountant.ledger
+  rng = np.random.default_rng(0)
+  xs = rng.normal(size=(3, 4, 4))
+  xs = (0.5 * xs / np.linalg.norm(xs, axis=-1, keepdims=True)).astype(np.float32)
+  with pytest.raises(BudgetExceededError):
+    baselines.private_parameter_averaging(
+        jax.random.split(jax.random.key(5), 3), np.zeros((3, 4), np.float32), xs,
+        np.zeros((3, 4), np.int32), num_classes=2, l2_reg=0.1, epsilon=0.5, accountant=budget)
+  assert not budget.accountant.ledger
+  with pytest.raises(ValueError):  # an example-level ledger refuses the party event, first
+    pg.private_vote_erm(jax.random.key(6), votes, x, num_classes=2, l2_reg=0.1, epsilon=0.5,
+                        accountant=PrivacyAccountant(unit="example", neighbouring="replace_one"))

@@ -141,19 +141,38 @@ REGISTRY: dict[str, ReleasePoint] = {}
 # private data (calibrations, accounting of public parameters): name -> reason.
 NOT_RELEASE_POINTS: dict[str, str] = {}
 
+# Names declared with ``not_a_release_point(..., default=True)``: a fallback that an
+# explicit declaration (or a registration) of the same name replaces silently.
+_DEFAULT_DECLARATIONS: set[str] = set()
+
 
 def register(entry: ReleasePoint) -> ReleasePoint:
   """Adds ``entry``; a second entry with the same name raises."""
   if entry.name in REGISTRY:
     raise ValueError(f"release point {entry.name!r} registered twice.")
+  if entry.name in _DEFAULT_DECLARATIONS:  # a registration replaces a fallback declaration
+    _DEFAULT_DECLARATIONS.discard(entry.name)
+    NOT_RELEASE_POINTS.pop(entry.name, None)
   REGISTRY[entry.name] = entry
   return entry
 
 
-def not_a_release_point(name: str, reason: str) -> None:
-  """Declares a public callable with privacy parameters that releases no private data."""
-  if name in NOT_RELEASE_POINTS:
+def not_a_release_point(name: str, reason: str, *, default: bool = False) -> None:
+  """Declares a public callable with privacy parameters that releases no private data.
+
+  ``default=True`` declares a fallback (used for families without an owner, e.g.
+  accounting): it is ignored when the name is already registered or declared,
+  and a later explicit declaration or registration of the name replaces it.
+  Two explicit declarations of one name raise.
+  """
+  if default:
+    if name not in NOT_RELEASE_POINTS and name not in REGISTRY:
+      NOT_RELEASE_POINTS[name] = reason
+      _DEFAULT_DECLARATIONS.add(name)
+    return
+  if name in NOT_RELEASE_POINTS and name not in _DEFAULT_DECLARATIONS:
     raise ValueError(f"{name!r} declared twice.")
+  _DEFAULT_DECLARATIONS.discard(name)
   NOT_RELEASE_POINTS[name] = reason
 
 

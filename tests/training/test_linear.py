@@ -207,3 +207,17 @@ def test_auto_batch_mode_vmaps_problems_sharing_a_large_matrix_on_cpu():
   assert lin.resolve_batch_mode("map", shared_data_bytes=10 ** 9) == "map"
   with pytest.raises(ValueError, match="batch_mode"):
     lin.resolve_batch_mode("loop")
+
+
+def test_label_refusals_name_the_row_not_the_label_value():
+  """Issue 26 item 7: the binary-label refusal printed the label values it found."""
+  x = np.full((5, 2), 0.5, np.float32)
+  y = np.array([0, 1, 1, 0, 7.3141592653])
+  with pytest.raises(ValueError, match=r"binary labels.*row 4 does not") as err:
+    linear.check_labels(y, "logistic", None, 5)
+  assert "7.31" not in str(err.value)
+  with pytest.raises(ValueError, match=r"row 2 does not"):
+    linear.check_labels(np.array([0, 1, -1, 1, 0]), "logistic", None, 5)
+  with pytest.raises(ValueError, match=r"integer labels in \[0, 3\); row 1 does not") as err:
+    linear.fit_linear(x, np.array([0, 2.5, 1, 0, 1]), num_classes=3, l2_reg=0.1)
+  assert "2.5" not in str(err.value)

@@ -42,8 +42,9 @@ def test_objective_and_functional_mechanism_scales_round_towards_more_noise(monk
   assert float(noise_scale_as(1 / 3, np.float32, round_up=False)) <= 1 / 3
   x, y = _data()
   res = objective_perturbation.loss_perturbation(jax.random.key(1), x, y, num_classes=2, epsilon=1.3,
-                                                 l2_reg=0.1, tol=1e-5)
-  assert bool(res.info.converged)
+                                                 l2_reg=0.1, tol=1e-5,
+                                                 return_nonprivate_diagnostics=True)
+  assert bool(res.nonprivate_info.solver.converged)
   theta = functional_mechanism.functional_mechanism(jax.random.key(2), x, (y * 2 - 1) * 0.5,
                                                     epsilon=1.3, task="linear", l2_reg=0.1)
   assert np.all(np.isfinite(np.asarray(theta.weights)))

@@ -24,7 +24,7 @@ def _recovered_noise(res, x, y, loss, l2_reg, h=0.5):
   """b = -N grad[(1/N) sum l + ((lambda + extra)/2)||theta||^2] at theta_priv (stationarity)."""
   n = x.shape[0]
   lam = l2_reg + res.calibration.objective.extra_l2
-  w = np.asarray(res.certificate.weights, np.float64)  # the certified minimiser, before Z
+  w = np.asarray(res.nonprivate_info.certificate.weights, np.float64)  # the certified minimiser, before Z
 
   def grad_one(v):
     _, g = certified_solve.objective_and_grad(v, x.astype(np.float64), y, loss=loss, h=h,
@@ -153,8 +153,9 @@ def test_loss_perturbation_noise_norm_gamma_law_and_convergence():
   x, y = _data()
   keys = jax.random.split(jax.random.key(0), 600)
   res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01, tol=1e-6,
+                              return_nonprivate_diagnostics=True,
                               neighbouring="replace_one")
-  assert np.all(res.certificate.distance <= res.calibration.radius)
+  assert np.all(res.nonprivate_info.certificate.distance <= res.calibration.radius)
   b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(600, -1)
   norms = np.linalg.norm(b, axis=1)
   beta = res.calibration.objective.scale
@@ -166,6 +167,7 @@ def test_gaussian_loss_perturbation_noise_is_gaussian():
   x, y = _data()
   keys = jax.random.split(jax.random.key(1), 300)
   res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=1.0, delta=1e-5, l2_reg=0.01,
+                              return_nonprivate_diagnostics=True,
                               neighbouring="replace_one")
   b = _recovered_noise(res, x, y, "softmax", 0.01).reshape(-1) / res.calibration.objective.scale
   assert stats.kstest(b, "norm").pvalue > 1e-3
@@ -176,8 +178,9 @@ def test_binary_objective_perturbation_noise_gamma_law():
   x, y = _data()
   keys = jax.random.split(jax.random.key(2), 600)
   for loss, tol in (("logistic", 1e-6), ("huber", 1e-6)):
-    res = obp.objective_perturbation(keys, x, y, epsilon=1.0, l2_reg=0.05, loss=loss, h=0.5, tol=tol)
-    assert np.all(res.certificate.distance <= res.calibration.radius)
+    res = obp.objective_perturbation(keys, x, y, epsilon=1.0, l2_reg=0.05, loss=loss, h=0.5, tol=tol,
+                                     return_nonprivate_diagnostics=True)
+    assert np.all(res.nonprivate_info.certificate.distance <= res.calibration.radius)
     norms = np.linalg.norm(_recovered_noise(res, x, y, loss, 0.05), axis=1)
     gamma = res.calibration.objective.scale
     assert stats.kstest(norms, stats.gamma(a=3, scale=1 / gamma).cdf).pvalue > 1e-3
@@ -274,12 +277,14 @@ def test_capped_fit_is_released_within_the_certified_radius(method):
   x, y = _data(c=3 if method == "loss" else 2)
   key = jax.random.key(7)
   if method == "loss":
-    res = obp.loss_perturbation(key, x, y, num_classes=3, epsilon=1.0, l2_reg=0.01, max_iter=1)
+    res = obp.loss_perturbation(key, x, y, num_classes=3, epsilon=1.0, l2_reg=0.01, max_iter=1,
+                                return_nonprivate_diagnostics=True)
     shape, loss = (3, 3), "softmax"
   else:
-    res = obp.objective_perturbation(key, x, y, epsilon=1.0, l2_reg=0.05, max_iter=1)
+    res = obp.objective_perturbation(key, x, y, epsilon=1.0, l2_reg=0.05, max_iter=1,
+                                     return_nonprivate_diagnostics=True)
     shape, loss = (3,), "logistic"
-  cal, cert = res.calibration, res.certificate
+  cal, cert = res.calibration, res.nonprivate_info.certificate
   assert int(cert.route) > 0  # L-BFGS alone was not certified: a repair route was used
   b = _fitted_objective_noise(key, x, y, cal, loss=loss, num_classes=3 if method == "loss" else 2,
                               l2_reg=0.01 if method == "loss" else 0.05)
@@ -300,17 +305,17 @@ def test_warm_start_keeps_the_released_law():
   tol/Lambda of the same exact minimiser; the exact scipy minimiser checks each)."""
   x, y = _data(c=3)
   keys = jax.random.split(jax.random.key(11), 3)
-  kw = dict(num_classes=3, epsilon=1.0, l2_reg=0.01, tol=1e-6)
+  kw = dict(num_classes=3, epsilon=1.0, l2_reg=0.01, tol=1e-6, return_nonprivate_diagnostics=True)
   cold = obp.loss_perturbation(keys, x, y, **kw)
   w_np = linear.fit_linear(x, y, num_classes=3, l2_reg=0.01).weights
   for init in (w_np, np.full((3, 3), 5.0, np.float32)):
     warm = obp.loss_perturbation(keys, x, y, init_weights=init, **kw)
     assert warm.calibration == cold.calibration and warm.event == cold.event
     r = cold.calibration.radius
-    assert warm.certificate.radius == cold.certificate.radius == r == pytest.approx(
-        1e-6 / cold.calibration.strong_convexity)
-    assert np.all(warm.certificate.distance <= r) and np.all(cold.certificate.distance <= r)
-    gap = np.linalg.norm((warm.certificate.weights - cold.certificate.weights).reshape(3, -1), axis=1)
+    wc, cc = warm.nonprivate_info.certificate, cold.nonprivate_info.certificate
+    assert wc.radius == cc.radius == r == pytest.approx(1e-6 / cold.calibration.strong_convexity)
+    assert np.all(wc.distance <= r) and np.all(cc.distance <= r)
+    gap = np.linalg.norm((wc.weights - cc.weights).reshape(3, -1), axis=1)
     assert np.all(gap <= 2 * r)
     # Same key: same output noise Z, so the releases differ only by the certified points
     # (plus float32 rounding of the releases).
@@ -319,18 +324,20 @@ def test_warm_start_keeps_the_released_law():
     scale = np.linalg.norm(np.asarray(cold.weights, np.float64).reshape(3, -1), axis=1)
     assert np.all(rel <= 2 * r + 4 * 2.0 ** -24 * scale)
   # The warm start saves iterations (the point of it); start at the minimiser itself.
-  at_min = obp.loss_perturbation(keys, x, y, init_weights=cold.certificate.weights[0], **kw)
-  assert int(at_min.info.num_iter[0]) <= int(cold.info.num_iter[0])
+  at_min = obp.loss_perturbation(keys, x, y,
+                                 init_weights=cold.nonprivate_info.certificate.weights[0], **kw)
+  assert int(at_min.nonprivate_info.solver.num_iter[0]) <= int(cold.nonprivate_info.solver.num_iter[0])
   # Near-exact reference for one draw: both within their certified distance of it.
   b = _fitted_objective_noise_many(keys, x, y, cold.calibration, loss="softmax", num_classes=3,
                                    l2_reg=0.01)[0]
   lam = cold.calibration.strong_convexity
   ref = certified_solve.certify_minimizers(  # within 1e-10/Lambda of the exact minimiser
-      cold.certificate.weights[0], x, y, loss="softmax", h=0.5, l2_total=lam, tol=1e-10,
+      cold.nonprivate_info.certificate.weights[0], x, y, loss="softmax", h=0.5, l2_total=lam,
+      tol=1e-10,
       linear_term=b / x.shape[0])
   for res in (cold, warm):
-    err = np.linalg.norm(res.certificate.weights[0] - ref.weights)
-    assert err <= res.certificate.distance[0] + ref.distance <= r + 1e-10 / lam
+    err = np.linalg.norm(res.nonprivate_info.certificate.weights[0] - ref.weights)
+    assert err <= res.nonprivate_info.certificate.distance[0] + ref.distance <= r + 1e-10 / lam
 
 
 def test_warm_start_validation():
@@ -345,11 +352,14 @@ def test_warm_start_validation():
     obp.objective_perturbation(jax.random.key(0), xb, yb, epsilon=1.0, l2_reg=0.05,
                                init_weights=np.zeros((3, 2)))
   # Binary objective perturbation warm-starts too (same calibration, certified within r).
-  cold = obp.objective_perturbation(jax.random.key(1), xb, yb, epsilon=1.0, l2_reg=0.05, tol=1e-6)
+  cold = obp.objective_perturbation(jax.random.key(1), xb, yb, epsilon=1.0, l2_reg=0.05, tol=1e-6,
+                                    return_nonprivate_diagnostics=True)
   warm = obp.objective_perturbation(jax.random.key(1), xb, yb, epsilon=1.0, l2_reg=0.05, tol=1e-6,
+                                    return_nonprivate_diagnostics=True,
                                     init_weights=np.ones(3, np.float32))
   r = cold.calibration.radius
-  assert np.linalg.norm(warm.certificate.weights - cold.certificate.weights) <= 2 * r
+  gap = warm.nonprivate_info.certificate.weights - cold.nonprivate_info.certificate.weights
+  assert np.linalg.norm(gap) <= 2 * r
 
 
 def test_accelerated_gradient_fallback_certifies_from_any_start():
@@ -422,8 +432,9 @@ def test_amp_output_noise_norm_law():
   """Released - certified point = Z with ||Z|| ~ Gamma(dim, 1/beta2) (L2-Laplace output noise)."""
   x, y = _data()
   keys = jax.random.split(jax.random.key(9), 400)
-  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01)
-  z = np.asarray(res.weights, np.float64) - res.certificate.weights
+  res = obp.loss_perturbation(keys, x, y, num_classes=2, epsilon=2.0, l2_reg=0.01,
+                              return_nonprivate_diagnostics=True)
+  z = np.asarray(res.weights, np.float64) - res.nonprivate_info.certificate.weights
   norms = np.linalg.norm(z.reshape(400, -1), axis=1)
   beta2 = res.calibration.output_scale
   assert stats.kstest(norms, stats.gamma(a=6, scale=1 / beta2).cdf).pvalue > 1e-3

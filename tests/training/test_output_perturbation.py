@@ -160,9 +160,9 @@ def test_capped_fit_is_released_within_the_certified_radius():
   x, y = _data()
   lam, tol = 0.05, 1e-6
   res = op.model_sensitivity(jax.random.key(3), x, y, num_classes=3, l2_reg=lam, epsilon=1.0,
-                             max_iter=1, tol=tol)
-  cert = res.certificate
-  assert int(cert.route) > 0 and not bool(res.info.converged)
+                             max_iter=1, tol=tol, return_nonprivate_diagnostics=True)
+  cert = res.nonprivate_info.certificate
+  assert int(cert.route) > 0 and not bool(res.nonprivate_info.solver.converged)
   fun = lambda v: (lambda fg: (fg[0], fg[1].reshape(-1)))(certified_solve.objective_and_grad(
       v.reshape(5, 3), x.astype(np.float64), y, loss="softmax", h=0.5, l2_total=lam))
   ref = optimize.minimize(fun, np.zeros(15), jac=True, method="L-BFGS-B",
@@ -184,7 +184,61 @@ def test_certified_fit_capped_at_one_iteration_is_certified_not_refused():
                                             h=0.5, l2_total=lam)
   assert np.linalg.norm(g) <= cert.grad_norm <= tol and cert.distance <= cert.radius == tol / lam
   res = op.model_sensitivity(jax.random.key(3), x, y, num_classes=3, l2_reg=lam, epsilon=1.0,
-                             max_iter=1, tol=tol)
-  np.testing.assert_array_equal(res.certificate.weights, cert.weights)
+                             max_iter=1, tol=tol, return_nonprivate_diagnostics=True)
+  np.testing.assert_array_equal(res.nonprivate_info.certificate.weights, cert.weights)
   with pytest.raises(ValueError, match="l2_reg"):
     op.certified_fit(x, y, num_classes=3, l2_reg=0.0)
+
+
+def _fields(obj, prefix=""):
+  """``(dotted name, value)`` of every leaf field of nested NamedTuples."""
+  if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+    out = []
+    for name in obj._fields:
+      out += _fields(getattr(obj, name), f"{prefix}{name}.")
+    return out
+  return [(prefix.rstrip("."), obj)]
+
+
+def _same(a, b):
+  if isinstance(a, (np.ndarray, jax.Array)) or isinstance(b, (np.ndarray, jax.Array)):
+    return np.array_equal(np.asarray(a), np.asarray(b))
+  return a == b
+
+
+@pytest.mark.parametrize("method", ["output", "model_sensitivity", "loss", "objective"])
+def test_released_result_holds_no_nonprivate_value(method):
+  """Issue 26 item 6: ``certificate.weights`` (the exact non-private minimiser) and
+  ``info.value`` (J(w*)) were returned beside the private weights. Every field of the result
+  but ``weights`` must be public: identical across keys AND across neighbouring datasets; the
+  weights differ across keys and are never the certified non-private minimiser."""
+  from jaxdp.training import objective_perturbation as obp  # pylint: disable=import-outside-toplevel
+  x, y = _data(n=30, d=3, c=2)
+  x2, y2 = x.copy(), y.copy()
+  x2[0], y2[0] = -x[0], 1 - y[0]  # replace-one neighbour: a record on the sphere, label flipped
+  run = {
+      "output": lambda k, a, b, **kw: op.output_perturbation(
+          k, a, b, l2_reg=0.1, loss="logistic", epsilon=1.0, **kw),
+      "model_sensitivity": lambda k, a, b, **kw: op.model_sensitivity(
+          k, a, b, num_classes=2, l2_reg=0.1, epsilon=1.0, **kw),
+      "loss": lambda k, a, b, **kw: obp.loss_perturbation(
+          k, a, b, num_classes=2, epsilon=1.0, l2_reg=0.1, **kw),
+      "objective": lambda k, a, b, **kw: obp.objective_perturbation(
+          k, a, b, epsilon=1.0, l2_reg=0.1, **kw),
+  }[method]
+  k1, k2 = jax.random.key(1), jax.random.key(2)
+  r1, r2, r3 = run(k1, x, y), run(k2, x, y), run(k1, x2, y2)
+  assert r1.nonprivate_info is None
+  names = [name for name, _ in _fields(r1)]
+  assert "weights" in names and not any("certificate" in n or "info." in n for n in names)
+  for (name, a), (_, b), (_, c) in zip(_fields(r1), _fields(r2), _fields(r3)):
+    if name == "weights":
+      assert not _same(a, b)
+    else:
+      assert _same(a, b) and _same(a, c), name  # public: a function of the parameters only
+  # Only on request, under the nonprivate_ name: then it holds the non-private minimiser,
+  # which is not what is released.
+  dbg = run(k1, x, y, return_nonprivate_diagnostics=True)
+  np.testing.assert_array_equal(dbg.weights, r1.weights)
+  w_star = dbg.nonprivate_info.certificate.weights
+  assert not np.allclose(np.asarray(r1.weights, np.float64), w_star)

@@ -38,6 +38,12 @@ Algorithms", 2nd ed., Sec. 4.2); the clip uses ``c`` shrunk by that factor
 (rounded down), so each clipped per-example gradient has exact norm ``<= c``,
 the add/remove sensitivity of the sum the accountant assumes.
 
+Noise: ``N(0, (z c)^2 I)`` from the library's full-tail sampler
+(:func:`jaxdp.mechanisms.gaussian_noise`, as :func:`jaxdp.training.dpsgd.noisy_aggregate`
+uses), with ``z c`` rounded up to float32; ``jax.random.normal`` is not used: it stops
+near 5.4 standard deviations, and a truncated Gaussian has an unbounded privacy loss
+at the cut.
+
 Privacy: ``steps = ceil(epochs / q)`` Poisson-subsampled Gaussian steps
 (:func:`jaxdp.accounting.dpsgd_event`, add/remove neighbours), ``z`` from
 :func:`jaxdp.accounting.calibrate_noise_multiplier` for ``(epsilon, delta)``
@@ -54,9 +60,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxdp import _validation
+from jaxdp import mechanisms
 from jaxdp.accounting import dpsgd_accounting, events
 from jaxdp.training import batching, linear
-from jaxdp.training.dpsgd import clipping, sampling
+from jaxdp.training.dpsgd import clipping, sampling, transforms
 
 class LinearDPSGDResult(NamedTuple):
   """Output of :func:`linear_dpsgd`.
@@ -95,6 +102,14 @@ def safe_clip_norm(clip: float, num_features: int, num_classes: int) -> float:
       * (1.0 - 1e-15))
 
 
+def _noise_std_f32(noise_multiplier: float, clip: float) -> jax.Array:
+  """``z c`` (the noise std on the clipped sum) in float32, rounded UP from float64.
+
+  Round-to-nearest could return up to half an ulp less noise than calibrated.
+  """
+  return jnp.float32(transforms._round_up(noise_multiplier * clip, jnp.float32))  # pylint: disable=protected-access
+
+
 def _clipped_chunk_sum(w, x, y, csum, count, chunk, padded, safe_clip, num_classes):
   """``sum_n s_n x_n r_n^T`` over the ``chunk``-th block of ``padded`` sampled examples."""
   ranks = chunk * padded + jnp.arange(1, padded + 1, dtype=jnp.int32)
@@ -126,7 +141,10 @@ def _train_one(key, x, y, lr, momentum, clip, noise_std, *, steps, threshold, pa
     num_chunks = (count + padded - 1) // padded
     _, g = jax.lax.while_loop(lambda s: s[0] < num_chunks,
                               lambda s: (s[0] + 1, s[1] + chunk_sum(s[0])), (1, g))
-    noise = noise_std * jax.random.normal(k_noise, (d, num_classes), w.dtype)
+    # The library's full-tail sampler (|z| up to 12 sigma): jax.random.normal stops near
+    # 5.4 sigma, and a truncated Gaussian's privacy loss is unbounded at the cut (the
+    # neighbour's output can lie beyond it), so it is not the Gaussian mechanism accounted.
+    noise = mechanisms.gaussian_noise(k_noise, (d, num_classes), noise_std, w.dtype)
     v = momentum * v + (g + noise) / expected_batch
     return (w - lr * v, v), None
 
@@ -227,7 +245,7 @@ def linear_dpsgd(
   fn = functools.partial(
       _train_many, x=jnp.asarray(x, jnp.float32), y=jnp.asarray(y, jnp.int32),
       lr=jnp.float32(lr), momentum=jnp.float32(mu), clip=jnp.float32(safe),
-      noise_std=jnp.float32(z * clip), steps=steps, threshold=int(threshold), padded=int(padded),
+      noise_std=_noise_std_f32(z, clip), steps=steps, threshold=int(threshold), padded=int(padded),
       expected_batch=float(q * n), num_classes=num_classes, mode=mode)
   weights = batching.map_in_chunks(fn, keys, batching.num_chunks(m, mode))
   return LinearDPSGDResult(weights if batched else weights[0], event, float(z), float(q_eff),

@@ -97,23 +97,42 @@ class PrivateState(NamedTuple):
 class StepInfo:
   """NON-PRIVATE diagnostics of one step (never publish them unaccounted).
 
-  They depend on individual examples: the realised batch size
-  ``num_examples`` differs between add/remove neighbours, and ``loss_sum``
-  and ``num_clipped`` are unnoised sums over the batch.
+  They depend on individual examples: the realised batch size differs between
+  add/remove neighbours, and the loss sum and clip count are unnoised sums over
+  the batch. Their names say so (``nonprivate_*``, the library's rule for every
+  value computed from private data without noise); ``loss_sum``,
+  ``num_examples`` and ``num_clipped`` are read-only aliases kept for old code.
 
   Attributes:
-    loss_sum: sum of the per-example losses of the batch (before the update).
-    num_examples: realised Poisson batch size.
-    num_clipped: examples whose gradient was scaled down.
+    nonprivate_loss_sum: sum of the per-example losses of the batch (before the update).
+    nonprivate_num_examples: realised Poisson batch size.
+    nonprivate_num_clipped: examples whose gradient was scaled down.
   """
 
-  loss_sum: jax.Array
-  num_examples: jax.Array
-  num_clipped: jax.Array
+  nonprivate_loss_sum: jax.Array
+  nonprivate_num_examples: jax.Array
+  nonprivate_num_clipped: jax.Array
+
+  @property
+  def loss_sum(self) -> jax.Array:
+    """Alias of ``nonprivate_loss_sum`` (NON-PRIVATE)."""
+    return self.nonprivate_loss_sum
+
+  @property
+  def num_examples(self) -> jax.Array:
+    """Alias of ``nonprivate_num_examples`` (NON-PRIVATE)."""
+    return self.nonprivate_num_examples
+
+  @property
+  def num_clipped(self) -> jax.Array:
+    """Alias of ``nonprivate_num_clipped`` (NON-PRIVATE)."""
+    return self.nonprivate_num_clipped
 
 
 jax.tree_util.register_dataclass(
-    StepInfo, data_fields=["loss_sum", "num_examples", "num_clipped"], meta_fields=[])
+    StepInfo,
+    data_fields=["nonprivate_loss_sum", "nonprivate_num_examples", "nonprivate_num_clipped"],
+    meta_fields=[])
 
 
 class PoissonBatch:
@@ -530,7 +549,8 @@ def make_private(
     # Noise on the SUM, then / (q N): transforms.noisy_aggregate (paper 000 Eq. 4).
     updates, opt_state = tx.update(gsum, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state,
-            StepInfo(loss_sum=loss, num_examples=count, num_clipped=clipped))
+            StepInfo(nonprivate_loss_sum=loss, nonprivate_num_examples=count,
+                     nonprivate_num_clipped=clipped))
 
   return PrivateSGD(
       noise_multiplier=float(sigma), sample_rate=q, num_examples=n, expected_batch_size=expected,

@@ -60,7 +60,10 @@ class DPSGDResult:
     expected_batch_size: q N, the divisor of the noisy sum.
     sensitivity: L2 sensitivity of the clipped sum.
     padded_size: static chunk size P.
-    history: per-evaluation dicts (step, epoch, epsilon, loss, and eval metrics).
+    history: per-evaluation dicts (step, epoch, epsilon, eval metrics, and
+      ``nonprivate_train_loss``: the mean UN-NOISED per-example loss of the batches
+      since the last record, a deterministic function of the private data; never
+      publish it unaccounted).
     accountant: the accountant the event was spent on (or None).
     seconds: wall-clock training time.
     overflow_delta: extra delta of aborting on overflow
@@ -198,7 +201,7 @@ def train_dpsgd(
   by the Poisson-subsampled Gaussian mechanism composed over ``steps`` steps
   (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd_accounting`). Not covered:
   hyper-parameter tuning, ``eval_fn`` on private data, and the non-private
-  diagnostics (training loss) that are kept in ``history``. Two conventions
+  diagnostics (training loss, ``history[i]["nonprivate_train_loss"]``). Two conventions
   the accounting relies on: q and the divisor ``q N`` are computed from
   ``N = len(y)``, i.e. the dataset size is treated as public (as in Opacus and
   TF Privacy; strictly, under add/remove both should be constants fixed before
@@ -363,14 +366,14 @@ def train_dpsgd(
     count_acc += sum(c.num_examples for c in chunks)
     if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
       rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
-             "train_loss": loss_acc / max(count_acc, 1)}
+             "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
       rec.update(eval_fn(params))
       history.append(rec)
       loss_acc, count_acc = 0.0, 0
   seconds = time.perf_counter() - t0
   eps = epsilon_after(steps_run)
   rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": eps,
-         "train_loss": loss_acc / max(count_acc, 1)}
+         "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
   if eval_fn is not None:
     rec.update(eval_fn(params))
   history.append(rec)

@@ -1,0 +1,1143 @@
+"""The generic privacy checks run on every registered :class:`ReleasePoint`.
+
+Each ``check_*`` function takes one entry (``conformance_registry.ReleasePoint``)
+and raises ``AssertionError`` with a message that names the entry, the check
+and the violated rule when the release breaks its claim. ``test_power.py``
+injects defects and asserts that the named check raises, so every check here
+is shown to have power, not only to pass.
+
+What each check proves (and what it does not) is in ``tests/privacy/README.md``.
+In short:
+
+* :func:`check_replay` (same-randomness replay; Cebere et al. 2026): with the
+  same key on neighbours D, D', an additive-noise release ``f(D) + Z`` differs
+  by ``f(D) - f(D')``, whose norm must be within the claimed sensitivity.
+* :func:`check_fresh`: no explicit key means fresh randomness (two calls, two
+  processes); the same explicit key reproduces; a keyed API refuses ``None``.
+* :func:`check_charge`: the ledger grows by exactly the number of independent
+  releases returned (batched APIs included), and a budget one release short
+  refuses before spending anything.
+* :func:`check_no_nonprivate`: no field of the returned object is a
+  deterministic function of the data (except under ``nonprivate_`` names or the
+  entry's ``public_outputs``).
+* :func:`check_support`: grid releases lie on the public grid ``step * Z``,
+  discrete releases are integral.
+* :func:`check_noise_scale`: the empirical noise scale is not 20% below the
+  theorem's scale (a test with both error probabilities below 1e-6) nor 50% above.
+* :func:`check_audit`: a Clopper-Pearson lower bound (95%) on epsilon from a
+  distinguishing test on the first (worst-case) pair stays within the claim.
+
+All randomness of the checks comes from fixed seeds: a check's verdict is
+reproducible.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+from typing import Any, Callable, Iterable, Optional
+
+import jax
+import numpy as np
+from scipy import stats as sp_stats
+
+import conformance_registry as reg
+
+# Check names as used in ``ReleasePoint.skip`` (and aliases an entry may use).
+CHECKS = ("replay", "fresh", "charge", "no_nonprivate", "support", "noise", "audit")
+SLOW_CHECKS = ("audit_slow",)
+SKIP_ALIASES = {
+    "noise_scale": "noise",
+    "nonprivate": "no_nonprivate",
+    "charged": "charge",
+    "fresh_randomness": "fresh",
+    "same_key_replay": "replay",
+    "slow_audit": "audit_slow",
+}
+FAMILIES = ("mechanisms", "accounting", "training", "dpsgd", "prediction", "multiparty",
+            "inference", "classic")
+RELATIONS = ("add_remove", "replace_one")
+NORMS = ("l1", "l2", "linf")
+NOISE_KINDS = ("laplace", "gaussian", "l2_laplace", "discrete_laplace", "discrete_gaussian")
+
+# Error probabilities of the noise-scale test (each side; see check_noise_scale).
+NOISE_FALSE_ALARM = 1e-6
+NOISE_MISS = 1e-6
+NOISE_UNDER_FACTOR = 0.8  # a scale 20% too small must be caught
+NOISE_OVER_FACTOR = 1.5   # a scale 50% too large (wrong units) must be caught
+# Host-side (non-vmappable) releases are looped; at most this many calls per
+# noise check (enough for full power with one noise coordinate of every kind; a
+# check limited by it states its reduced power instead of running longer).
+MAX_LOOP_DRAWS = 2000
+MAX_VMAP_DRAWS = 200_000
+REPLAY_KEYS = 3
+NONPRIVATE_CONFIRM_KEYS = 3
+AUDIT_CONFIDENCE = 0.95
+
+# Unit roundoff allowance of the replay check (see _replay_slack).
+_F32_EPS = float(np.finfo(np.float32).eps)  # 2^-23 = twice float32's unit roundoff 2^-24
+_REL_SLACK = 1e-9  # the float64 sensitivity claim itself may carry a few ulps
+
+
+def canonical_skip(entry: reg.ReleasePoint) -> dict[str, str]:
+  """``entry.skip`` with aliases resolved to the names of :data:`CHECKS`."""
+  return {SKIP_ALIASES.get(k, k): v for k, v in entry.skip.items()}
+
+
+def _fail(entry: reg.ReleasePoint, check: str, message: str) -> None:
+  raise AssertionError(f"[{check}] {entry.name}: {message}")
+
+
+# ---------------------------------------------------------------------------
+# Keys and batched release.
+# ---------------------------------------------------------------------------
+
+# Seeds of the checks' keys (distinct per check, so checks are independent).
+_SEEDS = {"shared": 11, "bulk": 13, "replay": 101, "fresh": 202, "no_nonprivate": 303, "support": 404, "noise": 505,
+          "audit": 606, "audit_slow": 707}
+
+
+def keys_for(check: str, num: int, offset: int = 0) -> jax.Array:
+  """``num`` typed ``jax.random`` keys for ``check`` (fixed seed: reproducible verdicts)."""
+  base = jax.random.fold_in(jax.random.key(_SEEDS[check]), offset)
+  return jax.random.split(base, num)
+
+
+def as_vector(entry: reg.ReleasePoint, output: Any) -> np.ndarray:
+  """``entry.vector(output)`` as a 1-D float64 array."""
+  return np.asarray(entry.vector(output), dtype=np.float64).ravel()
+
+
+# Entries whose release cannot run under jax.vmap over keys (host-side fits):
+# remembered so that the failing vmap attempt is made once per entry.
+_NOT_VMAPPABLE: set = set()
+
+
+def _flag(entry: reg.ReleasePoint) -> tuple:
+  return (entry.name, id(entry.release))
+
+
+def is_vmappable(entry: reg.ReleasePoint) -> bool:
+  """False once a vmapped release of ``entry`` has failed (it is then looped)."""
+  return _flag(entry) not in _NOT_VMAPPABLE
+
+
+def _take(tree: Any, i: int) -> Any:
+  return jax.tree.map(lambda x: x[i], tree)
+
+
+class Batch:
+  """Outputs of one release under several keys: a stacked numpy pytree (vmapped) or a list."""
+
+  def __init__(self, stacked: Any = None, items: Optional[list] = None, size: int = 0):
+    self.stacked, self.items, self.size = stacked, items, size if items is None else len(items)
+
+  def __len__(self) -> int:
+    return self.size
+
+  def __getitem__(self, i: int) -> Any:
+    return self.items[i] if self.items is not None else _take(self.stacked, i)
+
+
+def _try_vmap(entry: reg.ReleasePoint, keys: jax.Array, data: Any) -> Optional[Batch]:
+  """The release vmapped over ``keys`` (numpy leaves); None if it cannot be vmapped.
+
+  No ``jit``: the data stay concrete, so eager validation in the release still
+  runs. Any exception marks the entry as not vmappable; the caller then loops
+  (and a genuine error is raised from the loop).
+  """
+  if not is_vmappable(entry) or keys.shape[0] < 2:
+    return None
+  try:
+    outs = jax.vmap(lambda k: entry.release(k, data))(keys)
+    return Batch(stacked=jax.tree.map(np.asarray, outs), size=keys.shape[0])
+  except Exception:  # pylint: disable=broad-except  # not vmappable: the caller loops
+    _NOT_VMAPPABLE.add(_flag(entry))
+    return None
+
+
+def run_batch(entry: reg.ReleasePoint, keys: jax.Array, data: Any) -> Batch:
+  """``[entry.release(k, data) for k in keys]``, vmapped when the release allows it."""
+  keys = jax.numpy.asarray(keys)
+  batch = _try_vmap(entry, keys, data)
+  if batch is None:
+    batch = Batch(items=[entry.release(keys[i], data) for i in range(keys.shape[0])])
+  return batch
+
+
+def map_outputs(entry: reg.ReleasePoint, keys: jax.Array, data: Any,
+                post: Callable[[Any], Any]) -> np.ndarray:
+  """``np.stack([post(entry.release(k, data)) for k in keys])`` (float64), vmapped when possible."""
+  batch = run_batch(entry, keys, data)
+  return np.stack([np.asarray(post(batch[i]), dtype=np.float64) for i in range(len(batch))])
+
+
+def release_vectors(entry: reg.ReleasePoint, keys: jax.Array, data: Any) -> np.ndarray:
+  """``(len(keys), d)`` float64 private vectors of the release on ``data``."""
+  return map_outputs(entry, keys, data, lambda out: as_vector(entry, out))
+
+
+# ---------------------------------------------------------------------------
+# Per-entry cache. JAX compiles once per batch shape (seconds per shape for a
+# sampler such as Gamma) and host-side fits are slow, so every check draws from
+# two cached sets of releases:
+# * SHARED: keys 0..SHARED_KEYS-1 on every (pair, side): replay, support and
+#   no_nonprivate (one vmapped batch per dataset, or lazily looped fits);
+# * BULK: keys fold_in(bulk_seed(side), i) on the first pair: the noise check
+#   (side 0) and the cheap audit (both sides), one batch size for both.
+# Kept for the two most recent entries; clear_caches() after monkeypatching.
+# ---------------------------------------------------------------------------
+
+SHARED_KEYS = 2 + NONPRIVATE_CONFIRM_KEYS  # shared key i is keys_for("shared", SHARED_KEYS)[i]
+
+
+class _Cache:
+  def __init__(self, entry: reg.ReleasePoint):
+    self.pairs = [tuple(p) for p in entry.pairs()]
+    self.shared: dict = {}    # (pair, side) -> Batch of SHARED_KEYS outputs (vmapped)
+    self.outputs: dict = {}   # (pair, side, i) -> output (looped)
+    self.vectors: dict = {}
+    self.bulk: dict = {}      # side -> Batch
+
+
+_CACHES: "collections.OrderedDict[tuple, _Cache]" = collections.OrderedDict()
+
+
+def clear_caches() -> None:
+  """Forgets cached pairs, releases and vmappability (call after monkeypatching the library)."""
+  _CACHES.clear()
+  _NOT_VMAPPABLE.clear()
+
+
+def _cache(entry: reg.ReleasePoint) -> _Cache:
+  key = (entry.name, id(entry.release), id(entry.pairs), id(entry.vector))
+  if key not in _CACHES:
+    _CACHES[key] = _Cache(entry)
+    while len(_CACHES) > 2:
+      _CACHES.popitem(last=False)
+  _CACHES.move_to_end(key)
+  return _CACHES[key]
+
+
+def pairs_of(entry: reg.ReleasePoint) -> list:
+  """``entry.pairs()`` (cached); AssertionError when there is none."""
+  pairs = _cache(entry).pairs
+  if not pairs:
+    _fail(entry, "pairs", "pairs() returned no neighbouring pair.")
+  return pairs
+
+
+def shared_key(i: int) -> jax.Array:
+  return keys_for("shared", SHARED_KEYS)[i]
+
+
+def output_at(entry: reg.ReleasePoint, pair: int, side: int, i: int) -> Any:
+  """``entry.release(shared_key(i), pairs[pair][side])``, cached (a slice of a vmapped batch)."""
+  cache = _cache(entry)
+  data = pairs_of(entry)[pair][side]
+  if is_vmappable(entry) and (pair, side) not in cache.shared:
+    batch = _try_vmap(entry, keys_for("shared", SHARED_KEYS), data)
+    if batch is not None:
+      cache.shared[(pair, side)] = batch
+  if (pair, side) in cache.shared:
+    return cache.shared[(pair, side)][i]
+  slot = (pair, side, i)
+  if slot not in cache.outputs:
+    cache.outputs[slot] = entry.release(shared_key(i), data)
+  return cache.outputs[slot]
+
+
+def vectors_at(entry: reg.ReleasePoint, pair: int, side: int, num: int) -> np.ndarray:
+  """``(num, d)`` vectors of the release under shared keys ``0..num-1``, cached."""
+  cache = _cache(entry)
+  slot = (pair, side, num)
+  if slot not in cache.vectors:
+    cache.vectors[slot] = np.stack([as_vector(entry, output_at(entry, pair, side, i))
+                                    for i in range(num)])
+  return cache.vectors[slot]
+
+
+def bulk_keys(side: int, start: int, stop: int) -> jax.Array:
+  """Keys ``start..stop-1`` of the bulk stream of ``side`` (independent of how many are drawn)."""
+  base = jax.random.fold_in(jax.random.key(_SEEDS["bulk"]), side)
+  return jax.vmap(lambda i: jax.random.fold_in(base, i))(jax.numpy.arange(start, stop))
+
+
+def _applies(entry: reg.ReleasePoint, check: str) -> bool:
+  spec = entry.noise if check == "noise" else entry.audit
+  return spec is not None and check not in canonical_skip(entry)
+
+
+def noise_draws(entry: reg.ReleasePoint) -> tuple[int, int]:
+  """``(draws, d)``: releases the noise check uses and noise coordinates per release."""
+  spec = entry.noise
+  d = as_vector(entry, output_at(entry, 0, 0, 0)).size  # also decides vmappability
+  step = parse_support(entry.support)[1] if spec.kind.startswith("discrete") else None
+  scale_mean = float(np.mean(np.asarray(spec.scale, dtype=np.float64)))
+  needed = (coordinates_needed(spec.kind, round(scale_mean, 12), step) if step
+            else coordinates_needed(spec.kind))
+  draws = max(2, math.ceil(needed / max(d, 1)))
+  if not is_vmappable(entry):
+    draws = min(draws, MAX_LOOP_DRAWS)
+  return min(draws, MAX_VMAP_DRAWS), d
+
+
+def bulk_outputs(entry: reg.ReleasePoint, side: int, num: int) -> Batch:
+  """``num`` releases on the first pair's ``side`` under the bulk keys (cached, shared).
+
+  Vmapped: one batch of ``max(noise draws, audit trials)`` for both sides (one
+  compiled shape). Looped: extended lazily, so no fit is run that no check uses.
+  """
+  cache = _cache(entry)
+  data = pairs_of(entry)[0][side]
+  output_at(entry, 0, 0, 0)  # decides vmappability
+  if is_vmappable(entry):
+    size = max(num, noise_draws(entry)[0] if _applies(entry, "noise") else 0,
+               entry.audit.trials if _applies(entry, "audit") else 0)
+    have = cache.bulk.get(side)
+    if have is None or len(have) < num:
+      batch = _try_vmap(entry, bulk_keys(side, 0, size), data)
+      if batch is not None:
+        cache.bulk[side] = batch
+        return batch
+      cache.bulk.pop(side, None)
+    else:
+      return have
+  have = cache.bulk.get(side)
+  items = list(have.items) if have is not None and have.items is not None else []
+  if len(items) < num:
+    keys = bulk_keys(side, len(items), num)
+    items.extend(entry.release(keys[i], data) for i in range(keys.shape[0]))
+    cache.bulk[side] = Batch(items=items)
+  return Batch(items=items[:num])
+
+
+def bulk_map(entry: reg.ReleasePoint, side: int, num: int, post: Callable[[Any], Any]) -> np.ndarray:
+  batch = bulk_outputs(entry, side, num)
+  return np.stack([np.asarray(post(batch[i]), dtype=np.float64) for i in range(num)])
+
+
+def _first_dataset(entry: reg.ReleasePoint) -> Any:
+  return pairs_of(entry)[0][0]
+
+
+def _norm(x: np.ndarray, norm: str) -> float:
+  if norm == "l1":
+    return float(np.sum(np.abs(x)))
+  if norm == "l2":
+    return float(np.sqrt(np.sum(np.square(x))))
+  if norm == "linf":
+    return float(np.max(np.abs(x), initial=0.0))
+  raise AssertionError(f"unknown norm {norm!r}; use one of {NORMS}.")
+
+
+# ---------------------------------------------------------------------------
+# (a) Same-randomness replay.
+# ---------------------------------------------------------------------------
+
+
+def _replay_slack(y: np.ndarray, y_prime: np.ndarray) -> np.ndarray:
+  """Per-coordinate float rounding allowance of a replayed difference.
+
+  A release computes ``y = fl(v + z)`` with the SAME noise ``z`` on D and D'
+  (same key). Round-to-nearest float32 has unit roundoff ``u = 2^-24``, so
+  ``|y - (v + z)| <= u |y|`` and ``|(y - y') - (v - v')| <= u (|y| + |y'|)``.
+  We allow ``2u (|y| + |y'|)`` (float32's machine epsilon, twice the bound) to
+  absorb one more rounding when ``v + z`` is assembled (e.g. a shift and a
+  scale). Nothing else is allowed: the rounding of ``v`` itself (float32 sums)
+  is part of the sensitivity the release must honour.
+  """
+  return _F32_EPS * (np.abs(y) + np.abs(y_prime))
+
+
+def check_replay(entry: reg.ReleasePoint, num_keys: int = REPLAY_KEYS) -> None:
+  """Same key on every pair (D, D'): ``||y - y'|| <= sensitivity`` (+ rounding slack).
+
+  For ``y = f(D) + Z`` and ``y' = f(D') + Z`` with the same ``Z``, the
+  difference is ``f(D) - f(D')``: its norm (``entry.norm``) is at most the
+  claimed sensitivity when the claim holds. Checked for ``num_keys`` keys on
+  every pair. A release whose noise depends on the data size or that is not
+  additive must skip this check with its reason.
+  """
+  if entry.sensitivity is None:
+    _fail(entry, "replay", "sensitivity is None: give the claimed sensitivity, or list "
+          "'replay' in skip with the reason (e.g. not an additive-noise release).")
+  sens = float(entry.sensitivity)
+  for p in range(len(pairs_of(entry))):
+    y0 = vectors_at(entry, p, 0, num_keys)
+    y1 = vectors_at(entry, p, 1, num_keys)
+    if y0.shape != y1.shape:
+      _fail(entry, "replay", f"pair {p}: output vectors have shapes {y0.shape[1:]} and "
+            f"{y1.shape[1:]} on D and D' (the output shape must not depend on a record).")
+    for k in range(num_keys):
+      diff = np.abs(y0[k] - y1[k])
+      excess = np.maximum(diff - _replay_slack(y0[k], y1[k]), 0.0)
+      if not np.all(np.isfinite(diff)):
+        _fail(entry, "replay", f"pair {p}, key {k}: non-finite output.")
+      moved = _norm(excess, entry.norm)
+      if moved > sens * (1.0 + _REL_SLACK):
+        _fail(entry, "replay",
+              f"pair {p}, key {k}: with the same key the outputs on D and D' differ by "
+              f"{entry.norm} norm {moved:.9g} (raw {_norm(diff, entry.norm):.9g}) > claimed "
+              f"sensitivity {sens:.9g} (ratio {moved / sens:.6f}); the data moved the release "
+              "more than the noise was calibrated for.")
+
+
+# ---------------------------------------------------------------------------
+# (b) Fresh randomness.
+# ---------------------------------------------------------------------------
+
+_HERE = pathlib.Path(__file__).resolve().parent
+_REPO = _HERE.parent.parent
+
+_SUBPROCESS_SCRIPT = r"""
+import hashlib, json, sys
+sys.path.insert(0, {here!r})
+sys.path.insert(0, {repo!r})
+import numpy as np
+import conformance_registry as reg
+spec = json.loads(sys.argv[1])
+entries = {{}}
+if spec["mode"] == "registry":
+  reg.load_all()
+  for name in spec["names"]:
+    entries[name] = reg.REGISTRY[name]
+else:
+  import importlib
+  module = importlib.import_module(spec["module"])
+  for name in spec["names"]:
+    entries[name] = getattr(module, name)
+out = {{}}
+for name, entry in entries.items():
+  try:
+    data = list(entry.pairs())[0][0]
+    vec = np.asarray(entry.vector(entry.fresh(data)), dtype=np.float64).ravel()
+    out[entry.name] = hashlib.sha256(vec.tobytes()).hexdigest()
+  except Exception as err:  # reported per entry by check_fresh
+    out[entry.name] = "ERROR " + type(err).__name__ + ": " + str(err)[:300]
+print("FRESH_DIGESTS " + json.dumps(out))
+"""
+
+
+def _digest(vec: np.ndarray) -> str:
+  return hashlib.sha256(np.asarray(vec, dtype=np.float64).ravel().tobytes()).hexdigest()
+
+
+class FreshProcesses:
+  """``entry.fresh(D)`` for each named entry in ``processes`` separate Python processes.
+
+  Started on construction and run concurrently with the caller (the suite
+  starts them first and collects them last). ``module=None``: the names are
+  registry names (``reg.load_all()`` in the child); otherwise attributes of
+  ``module`` (importable from tests/privacy). :meth:`result` returns one
+  ``{entry.name: sha256 of the vector}`` per process (``"ERROR ..."`` for an
+  entry whose fresh call raised).
+  """
+
+  def __init__(self, names: Iterable[str], module: Optional[str] = None, processes: int = 2):
+    spec = {"mode": "registry" if module is None else "module", "module": module,
+            "names": list(names)}
+    script = _SUBPROCESS_SCRIPT.format(here=str(_HERE), repo=str(_REPO))
+    env = dict(os.environ)
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    self._procs = [subprocess.Popen([sys.executable, "-c", script, json.dumps(spec)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=env, cwd=str(_REPO))
+                   for _ in range(processes)]
+    self._result: Optional[list[dict]] = None
+
+  def result(self, timeout: float = 900.0) -> list[dict]:
+    if self._result is None:
+      results = []
+      for proc in self._procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        lines = [l for l in stdout.splitlines() if l.startswith("FRESH_DIGESTS ")]
+        if proc.returncode != 0 or not lines:
+          raise AssertionError(f"fresh-randomness subprocess failed (rc {proc.returncode}):\n"
+                               f"{stderr[-3000:]}")
+        results.append(json.loads(lines[-1][len("FRESH_DIGESTS "):]))
+      self._result = results
+    return self._result
+
+  def kill(self) -> None:
+    for proc in self._procs:
+      if proc.poll() is None:
+        proc.kill()
+        proc.communicate()
+
+
+def fresh_digests_in_processes(names: Iterable[str], module: Optional[str] = None,
+                               processes: int = 2) -> list[dict]:
+  """:class:`FreshProcesses` started and collected (see there)."""
+  return FreshProcesses(names, module, processes).result()
+
+
+def check_fresh(entry: reg.ReleasePoint, process_digests: Optional[list[dict]] = None,
+                locate: Optional[str] = None) -> None:
+  """No explicit key: fresh noise every call and every process; same key: same output.
+
+  * ``entry.fresh`` given: two calls on the same D must give different vectors
+    (two instances / two calls without a seed), and so must two separate
+    Python processes (``process_digests``: per-process digests computed by
+    :func:`fresh_digests_in_processes`; computed here when None and
+    ``locate`` says where the entry lives: ``"registry"`` or a module name).
+  * ``entry.fresh`` None: the API requires a key, so ``release(None, D)`` must
+    raise a ``TypeError``/``ValueError`` that names the key/seed argument.
+  * Always: the same explicit key twice gives identical vectors.
+  """
+  data = _first_dataset(entry)
+  a = as_vector(entry, entry.release(shared_key(0), data))  # direct calls (not a vmapped slice:
+  b = as_vector(entry, entry.release(shared_key(0), data))  # batching may change float bits)
+  if not np.array_equal(a, b, equal_nan=True):
+    _fail(entry, "fresh", "the same explicit key gave two different outputs (an explicit key "
+          "must reproduce the release; randomness must come only from the key).")
+  if entry.fresh is None:
+    try:
+      entry.release(None, data)
+    except (TypeError, ValueError) as err:
+      text = str(err).lower()
+      if not any(word in text for word in ("key", "seed", "rng")):
+        _fail(entry, "fresh", f"release(key=None) raised {type(err).__name__}({err}) without "
+              "naming the key/seed argument.")
+      return
+    except Exception as err:  # pylint: disable=broad-except
+      _fail(entry, "fresh", f"release(key=None) raised {type(err).__name__}: {err}; expected a "
+            "TypeError/ValueError naming the key argument.")
+    _fail(entry, "fresh", "fresh is None (the API requires an explicit key) but release(key=None) "
+          "did not raise: where does its randomness come from?")
+  v1, v2 = as_vector(entry, entry.fresh(data)), as_vector(entry, entry.fresh(data))
+  if np.array_equal(v1, v2, equal_nan=True):
+    _fail(entry, "fresh", "two calls without an explicit key gave identical outputs: the noise "
+          "is replayed, so the difference of two releases cancels it.")
+  if np.array_equal(v1, a, equal_nan=True):
+    _fail(entry, "fresh", "a call without a key reproduced the release of an explicit key.")
+  if process_digests is None and locate is not None:
+    module = None if locate == "registry" else locate
+    name = entry.name if module is None else _attr_name(entry, module)
+    process_digests = fresh_digests_in_processes([name], module)
+  if process_digests is not None:
+    got = [d.get(entry.name) for d in process_digests]
+    for g in got:
+      if g is None or g.startswith("ERROR"):
+        _fail(entry, "fresh", f"fresh(D) failed in a separate process: {g}")
+    if len(set(got)) < len(got):
+      _fail(entry, "fresh", f"{len(got)} separate Python processes gave identical outputs without "
+            "an explicit key (the default seed is a constant).")
+    if _digest(v1) in got or _digest(v2) in got:
+      _fail(entry, "fresh", "a separate process reproduced this process's output.")
+
+
+def _attr_name(entry: reg.ReleasePoint, module: str) -> str:
+  import importlib  # pylint: disable=import-outside-toplevel
+  mod = importlib.import_module(module)
+  for name, value in vars(mod).items():
+    if value is entry:
+      return name
+  raise AssertionError(f"entry {entry.name} is not a module-level attribute of {module}.")
+
+
+# ---------------------------------------------------------------------------
+# (c) Charge equals releases.
+# ---------------------------------------------------------------------------
+
+
+def _event_key(event: Any) -> str:
+  from jaxdp.accounting import events as ev  # pylint: disable=import-outside-toplevel
+  return json.dumps(ev.event_to_dict(event), sort_keys=True)
+
+
+def _multiplicity(item: Any, event_key: str) -> int:
+  """How many copies of the event (by canonical dict) ``item`` is, expanding compositions."""
+  from jaxdp.accounting import events as ev  # pylint: disable=import-outside-toplevel
+  if _event_key(item) == event_key:
+    return 1
+  if isinstance(item, ev.SelfComposedDpEvent):
+    return int(item.count) * _multiplicity(item.event, event_key)
+  if isinstance(item, ev.ComposedDpEvent):
+    return sum(_multiplicity(e, event_key) for e in item.events)
+  return 0
+
+
+def _leaf_counts(event: Any, count: int = 1, out: Optional[collections.Counter] = None):
+  """Multiset of the leaves of an event tree (SelfComposed / Composed expanded)."""
+  from jaxdp.accounting import events as ev  # pylint: disable=import-outside-toplevel
+  out = collections.Counter() if out is None else out
+  if isinstance(event, ev.SelfComposedDpEvent):
+    _leaf_counts(event.event, count * int(event.count), out)
+  elif isinstance(event, ev.ComposedDpEvent):
+    for e in event.events:
+      _leaf_counts(e, count, out)
+  elif not isinstance(event, ev.NoOpDpEvent):
+    out[_event_key(event)] += count
+  return out
+
+
+def ledger_releases(accountant: Any, event: Any) -> int:
+  """Total multiplicity of ``event`` in ``accountant``'s ledger.
+
+  Sums ``count x multiplicity`` over the ledger items, where an item equal to
+  the event (by its canonical dict, as the accountant stores it) counts 1 and a
+  ``SelfComposedDpEvent`` / ``ComposedDpEvent`` is expanded. When no item
+  matches as a whole (the library spent the event's components separately),
+  the ledger's leaves are compared with the event's: the ledger is ``k``
+  releases when its leaf multiset is exactly ``k`` times the event's. Returns 0
+  when the ledger is not a whole number of copies of the event.
+  """
+  from jaxdp.accounting import events as ev  # pylint: disable=import-outside-toplevel
+  event = ev.event_from_dict(ev.event_to_dict(event))  # canonical floats, as in a ledger
+  key = _event_key(event)
+  whole = sum(int(c) * _multiplicity(e, key) for e, c in accountant.ledger)
+  if whole:
+    return whole
+  want = _leaf_counts(event)
+  have = collections.Counter()
+  for e, c in accountant.ledger:
+    _leaf_counts(e, int(c), have)
+  if not want or set(have) != set(want):
+    return 0
+  ratios = {have[k] / want[k] for k in want}
+  if len(ratios) != 1:
+    return 0
+  k = ratios.pop()
+  return int(k) if float(k).is_integer() else 0
+
+
+def _epsilon_of(event: Any, count: int, delta: float, relation: str, unit: str) -> float:
+  from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
+  acc = PrivacyAccountant(neighbouring=relation, unit=unit)
+  if count:
+    acc.spend(event, count=count)
+  return acc.get_epsilon(delta)
+
+
+def _describe_ledger(accountant: Any) -> str:
+  return "; ".join(f"{c} x {e}" for e, c in accountant.ledger) or "(empty)"
+
+
+def check_charge(entry: reg.ReleasePoint) -> None:
+  """The ledger grows by exactly the ``releases`` returned; a short budget refuses first.
+
+  1. ``charged(D, PrivacyAccountant(entry.neighbouring, entry.unit))`` returns
+     ``(output, releases)``; :func:`ledger_releases` of ``entry.event()`` must
+     equal ``releases`` and the ledger must hold nothing else (its epsilon
+     equals that of ``releases x event``).
+  2. ``charged(D, PrivacyBudget(eps))`` with ``eps`` strictly between the cost of
+     ``releases - 1`` and ``releases`` events must raise
+     ``BudgetExceededError`` and leave the budget's ledger empty (refused
+     before any spend, hence before any release).
+  """
+  from jaxdp.accounting import PrivacyAccountant, PrivacyBudget  # pylint: disable=import-outside-toplevel
+  from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
+  if entry.charged is None:
+    _fail(entry, "charge", "charged is None: give charged(D, accountant), or list 'charge' in "
+          "skip with the reason.")
+  data = _first_dataset(entry)
+  event = entry.event()
+  acc = PrivacyAccountant(neighbouring=entry.neighbouring, unit=entry.unit)
+  _, releases = entry.charged(data, acc)
+  if isinstance(releases, bool) or not isinstance(releases, (int, np.integer)) or releases < 1:
+    _fail(entry, "charge", f"charged must return (output, releases) with an integer releases >= 1, "
+          f"got {releases!r}.")
+  releases = int(releases)
+  counted = ledger_releases(acc, event)
+  if counted != releases:
+    _fail(entry, "charge", f"the output holds {releases} independent release(s) but the ledger "
+          f"holds {counted} x the event {event} (ledger: {_describe_ledger(acc)}).")
+  deltas = [0.0] if entry.delta == 0 else []
+  deltas.append(max(float(entry.delta) * releases, 1e-6))
+  for d in deltas:
+    got = acc.get_epsilon(d)
+    want = _epsilon_of(event, releases, d, entry.neighbouring, entry.unit)
+    if not (got == want or math.isclose(got, want, rel_tol=1e-9)):
+      _fail(entry, "charge", f"the ledger's epsilon at delta={d:g} is {got!r} but {releases} x "
+            f"the event gives {want!r} (ledger: {_describe_ledger(acc)}).")
+  # A budget that affords releases - 1 events (but not releases) must refuse.
+  budget_delta = deltas[0]
+  full = _epsilon_of(event, releases, budget_delta, entry.neighbouring, entry.unit)
+  if not math.isfinite(full):
+    budget_delta = deltas[-1]
+    full = _epsilon_of(event, releases, budget_delta, entry.neighbouring, entry.unit)
+  if not math.isfinite(full) or full <= 0:
+    _fail(entry, "charge", f"{releases} x {event} has epsilon {full} at delta={budget_delta:g}; "
+          "cannot size a budget to test the refusal.")
+  short = _epsilon_of(event, releases - 1, budget_delta, entry.neighbouring, entry.unit)
+  if not short < full:
+    _fail(entry, "charge", f"{releases - 1} and {releases} events cost the same epsilon {full}.")
+  limit = 0.5 * (short + full)
+  budget = PrivacyBudget(epsilon=limit, delta=budget_delta, neighbouring=entry.neighbouring,
+                         unit=entry.unit)
+  try:
+    entry.charged(data, budget)
+  except BudgetExceededError:
+    if budget.accountant.ledger:
+      _fail(entry, "charge", "the budget refused only after spending part of the releases "
+            f"(ledger after refusal: {_describe_ledger(budget.accountant)}); a refusal must come "
+            "before any spend and any release.")
+    return
+  _fail(entry, "charge", f"a PrivacyBudget of epsilon={limit:.6g} (delta={budget_delta:g}) that "
+        f"affords {releases - 1} but not {releases} releases did not refuse (ledger: "
+        f"{_describe_ledger(budget.accountant)}).")
+
+
+# ---------------------------------------------------------------------------
+# (d) Nothing non-private returned.
+# ---------------------------------------------------------------------------
+
+_MAX_DEPTH = 8
+
+
+def _is_numeric_leaf(x: Any) -> bool:
+  if isinstance(x, (bool, np.bool_)):
+    return False
+  if isinstance(x, (int, float, np.integer, np.floating)):
+    return True
+  if isinstance(x, (np.ndarray, jax.Array)):
+    dtype = x.dtype
+    if jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+      return False
+    return np.issubdtype(np.dtype(dtype), np.number) or np.dtype(dtype) == np.bool_
+  return False
+
+
+def _children(x: Any) -> list[tuple[str, Any]]:
+  """Named children of a container/object (fields, attributes, items)."""
+  if isinstance(x, dict):
+    return [(str(k), v) for k, v in x.items()]
+  if isinstance(x, tuple) and hasattr(x, "_fields"):  # NamedTuple
+    return [(f, getattr(x, f)) for f in x._fields]
+  if isinstance(x, (list, tuple)):
+    return [(f"[{i}]", v) for i, v in enumerate(x)]
+  if dataclasses.is_dataclass(x) and not isinstance(x, type):
+    out = [(f.name, getattr(x, f.name, None)) for f in dataclasses.fields(x)]
+    extra = [(k, v) for k, v in getattr(x, "__dict__", {}).items()
+             if k not in {f.name for f in dataclasses.fields(x)}]
+    return out + extra
+  out = []
+  if hasattr(x, "__dict__") and not isinstance(x, type):
+    out.extend(vars(x).items())
+  for slot in getattr(type(x), "__slots__", ()) or ():
+    if isinstance(slot, str) and hasattr(x, slot) and slot not in dict(out):
+      out.append((slot, getattr(x, slot)))
+  # Public properties ending in "_" (scikit-learn fitted attributes computed on access).
+  for name in dir(type(x)):
+    if name.endswith("_") and not name.startswith("__") and name not in dict(out):
+      if isinstance(getattr(type(x), name, None), property):
+        try:
+          out.append((name, getattr(x, name)))
+        except Exception:  # pylint: disable=broad-except
+          continue
+  return out
+
+
+_SKIP_TYPES = (str, bytes, type(None), type, type(len), type(_norm))
+
+
+def numeric_leaves(output: Any) -> dict[str, np.ndarray]:
+  """``{path: value}`` for every numeric leaf reachable from ``output``.
+
+  Walks dicts, lists/tuples, NamedTuples, dataclasses, objects' ``__dict__`` /
+  ``__slots__`` (private ``_`` attributes included: Python does not hide them
+  from the user) and ``*_`` properties, to depth 8. Modules, functions,
+  classes, strings and ``jax.random`` keys are not leaves.
+  """
+  import types  # pylint: disable=import-outside-toplevel
+  found: dict[str, np.ndarray] = {}
+  seen: set[int] = set()
+
+  def walk(x, path, depth):
+    if _is_numeric_leaf(x):
+      found[path or "<output>"] = np.asarray(x)
+      return
+    if depth >= _MAX_DEPTH or isinstance(x, _SKIP_TYPES) or callable(x) and not hasattr(
+        x, "__dict__"):
+      return
+    if isinstance(x, (types.ModuleType, types.FunctionType, types.MethodType, functools.partial)):
+      return
+    if isinstance(x, (np.ndarray, jax.Array)):
+      return  # key arrays, object arrays
+    if id(x) in seen:
+      return
+    seen.add(id(x))
+    for name, child in _children(x):
+      sep = "" if not path or name.startswith("[") else "."
+      walk(child, f"{path}{sep}{name}", depth + 1)
+
+  walk(output, "", 0)
+  return found
+
+
+def _same(a: Optional[np.ndarray], b: Optional[np.ndarray]) -> bool:
+  if a is None or b is None:
+    return a is b
+  if a.shape != b.shape or a.dtype.kind != b.dtype.kind and not (
+      np.issubdtype(a.dtype, np.number) and np.issubdtype(b.dtype, np.number)):
+    return False
+  return bool(np.array_equal(a, b, equal_nan=np.issubdtype(a.dtype, np.inexact)))
+
+
+def _exempt(entry: reg.ReleasePoint, path: str) -> bool:
+  parts = [p for p in path.replace("[", ".[").split(".") if p and not p.startswith("[")]
+  public = set(entry.public_outputs)
+  if path in public:
+    return True
+  return any(p in public or p.startswith("nonprivate_") for p in parts)
+
+
+def check_no_nonprivate(entry: reg.ReleasePoint) -> None:
+  """No returned leaf is a deterministic, data-dependent value (an un-noised release).
+
+  The output is released with two keys on D and one on D' (every pair). A
+  numeric leaf identical under both keys on D (it does not depend on the
+  noise) but different on D' (it depends on the data) is computed from the
+  data without noise. Before failing, the leaf is confirmed on more keys on
+  both datasets (so a discrete private output that is the same twice by
+  chance is not reported). Exempt: leaves under a path component listed in
+  ``entry.public_outputs`` or starting with ``nonprivate_``.
+  """
+  for p in range(len(pairs_of(entry))):
+    a = numeric_leaves(output_at(entry, p, 0, 0))
+    b = numeric_leaves(output_at(entry, p, 0, 1))
+    c = numeric_leaves(output_at(entry, p, 1, 0))
+    suspects = [path for path, v in a.items()
+                if not _exempt(entry, path) and _same(v, b.get(path)) and not _same(v, c.get(path))]
+    if not suspects:
+      continue
+    confirmed = set(suspects)
+    for i in range(2, 2 + NONPRIVATE_CONFIRM_KEYS):  # more keys on both datasets
+      on_d0 = numeric_leaves(output_at(entry, p, 0, i))
+      on_d1 = numeric_leaves(output_at(entry, p, 1, i))
+      confirmed = {s for s in confirmed
+                   if _same(a[s], on_d0.get(s)) and _same(c.get(s), on_d1.get(s))}
+      if not confirmed:
+        break
+    if confirmed:
+      _fail(entry, "no_nonprivate",
+            f"pair {p}: returned value(s) {sorted(confirmed)} do not depend on the noise "
+            f"({2 + NONPRIVATE_CONFIRM_KEYS} keys) but change between D and D': they are computed "
+            "from the private data without noise. Remove them, rename them nonprivate_*, or list "
+            "them in public_outputs if they depend on public inputs only.")
+
+
+# ---------------------------------------------------------------------------
+# (e) Support.
+# ---------------------------------------------------------------------------
+
+
+def parse_support(support: str) -> tuple[str, Optional[float]]:
+  """``("continuous"|"discrete", None)`` or ``("grid", step)``; AssertionError otherwise."""
+  if support in ("continuous", "discrete"):
+    return support, None
+  if support.startswith("grid:"):
+    try:
+      step = float(support[len("grid:"):])
+    except ValueError:
+      step = math.nan
+    if math.isfinite(step) and step > 0:
+      return "grid", step
+  raise AssertionError(f"support must be 'continuous', 'discrete' or 'grid:<step>' with a "
+                       f"positive step, got {support!r}.")
+
+
+def on_grid(values: np.ndarray, step: float) -> np.ndarray:
+  """Whether each value is exactly ``k * step`` for an integer k (as float64 or float32).
+
+  Exact: a value is on the grid when it equals ``k * step`` computed in
+  float64, or its float32 rounding, or ``float32(k) * float32(step)`` (the
+  representations a float32 release of the grid point can have). All three
+  depend on k only, never on a record.
+  """
+  values = np.asarray(values, dtype=np.float64)
+  k = np.round(values / step)
+  cands = [k * step, (k * step).astype(np.float32).astype(np.float64),
+           (k.astype(np.float32) * np.float32(step)).astype(np.float64)]
+  ok = np.zeros(values.shape, dtype=bool)
+  for cand in cands:
+    ok |= values == cand
+  return ok
+
+
+def check_support(entry: reg.ReleasePoint, num_keys: int = REPLAY_KEYS) -> Optional[str]:
+  """The set of possible outputs does not depend on a record.
+
+  ``"grid:<step>"``: every released value (D and D' of every pair, several
+  keys) is exactly on ``step * Z`` (:func:`on_grid`); ``"discrete"``: every
+  value is an integer; ``"continuous"``: nothing to check here -- the float
+  lattice of ``data + continuous noise`` is the documented caveat of
+  docs/sharp_edges.md (returned as a note).
+  """
+  kind, step = parse_support(entry.support)
+  if kind == "continuous":
+    return ("continuous support: float outputs of continuous noise carry the float-lattice caveat "
+            "documented in docs/sharp_edges.md (Mironov 2012).")
+  for p in range(len(pairs_of(entry))):
+    for side, label in enumerate(("D", "D'")):
+      vecs = vectors_at(entry, p, side, num_keys)
+      if kind == "discrete":
+        bad = vecs != np.round(vecs)
+        what = "not an integer"
+      else:
+        bad = ~on_grid(vecs, step)
+        what = f"not a multiple of the public grid step {step!r}"
+      if np.any(bad):
+        idx = np.argwhere(bad)[0]
+        _fail(entry, "support", f"pair {p}, {label}, key {idx[0]}: released coordinate {idx[1]} is "
+              f"{what} (support {entry.support!r}); the set of possible outputs then depends on "
+              "the data (Mironov 2012).")
+  return None
+
+
+# ---------------------------------------------------------------------------
+# (f) Noise scale.
+# ---------------------------------------------------------------------------
+
+
+def _discrete_moments(kind: str, scale: float, step: float, power: int) -> tuple[float, float]:
+  """Mean and variance of ``|Z|^power`` for discrete Laplace / Gaussian on ``step * Z``."""
+  t = scale / step  # scale in grid units
+  kmax = int(math.ceil(60 * t + 50)) if kind == "discrete_laplace" else int(math.ceil(12 * t + 50))
+  k = np.arange(-kmax, kmax + 1, dtype=np.float64)
+  logp = -np.abs(k) / t if kind == "discrete_laplace" else -k**2 / (2 * t**2)
+  p = np.exp(logp - logp.max())
+  p /= p.sum()
+  s = np.abs(k * step) ** power
+  mean = float(np.sum(p * s))
+  return mean, float(np.sum(p * (s - mean) ** 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class NoisePlan:
+  """The noise test for one entry: N coordinates, thresholds on the scale ratio."""
+  kind: str
+  coordinates: int
+  low: float    # fail when estimated scale / claimed scale < low
+  high: float   # fail when it is > high
+  power: float  # probability of catching a 20% smaller scale
+  false_alarm: float
+
+
+def _ratio_quantiles(kind: str, n: int, probs: np.ndarray) -> np.ndarray:
+  """Quantiles of (estimated scale / true scale) for the exact laws of the statistic."""
+  if kind in ("laplace", "l2_laplace"):
+    return sp_stats.gamma.ppf(probs, n) / n  # mean |z|/b (or ||z||/b over d n) ~ Gamma(n)/n
+  if kind == "gaussian":
+    return np.sqrt(sp_stats.chi2.ppf(probs, n) / n)  # sqrt(mean z^2/sigma^2) ~ sqrt(chi2(n)/n)
+  raise AssertionError(kind)
+
+
+def plan_noise_test(kind: str, coordinates: int, scale: float = 1.0,
+                    step: Optional[float] = None) -> NoisePlan:
+  """Thresholds of the scale test for ``coordinates`` noise coordinates.
+
+  Laplace: ``sum |z_i| / b ~ Gamma(N, 1)``; Gaussian: ``sum z_i^2 / sigma^2 ~
+  chi2(N)``; L2-Laplace (per draw ``||z|| / b ~ Gamma(d, 1)``, so N = d x
+  draws): ``Gamma(N, 1)``. The low threshold is the ``NOISE_FALSE_ALARM``
+  quantile of the estimate under the true scale, so a correct release fails
+  with probability <= 1e-6; the power is the probability that a scale of
+  ``0.8 x`` falls below it. Discrete kinds use the exact moments of
+  ``|z|`` (Laplace) or ``z^2`` (Gaussian) and a normal approximation of the
+  sum at 5.5 standard deviations (1e-6 is 4.75; the margin covers the
+  approximation error).
+  """
+  n = int(coordinates)
+  if kind in ("laplace", "l2_laplace", "gaussian"):
+    lo, hi = _ratio_quantiles(kind, n, np.array([NOISE_FALSE_ALARM, 1 - NOISE_FALSE_ALARM]))
+    if kind == "gaussian":
+      power = float(sp_stats.chi2.cdf(n * (lo / NOISE_UNDER_FACTOR) ** 2, n))
+    else:
+      power = float(sp_stats.gamma.cdf(n * lo / NOISE_UNDER_FACTOR, n))
+    return NoisePlan(kind, n, float(lo), max(NOISE_OVER_FACTOR, float(hi)), power,
+                     NOISE_FALSE_ALARM)
+  if kind in ("discrete_laplace", "discrete_gaussian"):
+    power_exp = 1 if kind == "discrete_laplace" else 2
+    m1, v1 = _discrete_moments(kind, scale, step, power_exp)
+    m0, v0 = _discrete_moments(kind, NOISE_UNDER_FACTOR * scale, step, power_exp)
+    z = 5.5
+    lo_stat = m1 - z * math.sqrt(v1 / n)  # on the mean of |z|^power
+    hi_stat = m1 + z * math.sqrt(v1 / n)
+    power = float(sp_stats.norm.cdf((lo_stat - m0) / math.sqrt(v0 / n)))
+    to_ratio = (lambda s: s / m1) if power_exp == 1 else (lambda s: math.sqrt(max(s, 0) / m1))
+    return NoisePlan(kind, n, to_ratio(lo_stat), max(NOISE_OVER_FACTOR, to_ratio(hi_stat)), power,
+                     NOISE_FALSE_ALARM)
+  raise AssertionError(f"noise.kind must be one of {NOISE_KINDS}, got {kind!r}.")
+
+
+@functools.lru_cache(maxsize=None)
+def coordinates_needed(kind: str, scale: float = 1.0, step: Optional[float] = None) -> int:
+  """Smallest N whose test catches a 20% smaller scale with probability >= 1 - 1e-6."""
+  lo, hi = 1, 1
+  while plan_noise_test(kind, hi, scale, step).power < 1 - NOISE_MISS:
+    lo, hi = hi, hi * 2
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if plan_noise_test(kind, mid, scale, step).power >= 1 - NOISE_MISS:
+      hi = mid
+    else:
+      lo = mid + 1
+  return hi
+
+
+def estimated_scale_ratio(kind: str, z: np.ndarray, scale: Any, step: Optional[float] = None) -> float:
+  """Estimated noise scale / claimed scale from noise draws ``z`` (draws, d)."""
+  scale_arr = np.broadcast_to(np.asarray(scale, dtype=np.float64), z.shape[1:])
+  if kind == "laplace":
+    return float(np.mean(np.abs(z) / scale_arr))
+  if kind == "gaussian":
+    return float(np.sqrt(np.mean((z / scale_arr) ** 2)))
+  if kind == "l2_laplace":
+    d = z.shape[1]
+    return float(np.sum(np.linalg.norm(z / scale_arr, axis=1)) / (d * z.shape[0]))
+  if kind == "discrete_laplace":
+    s = float(np.mean(scale_arr))
+    return float(np.mean(np.abs(z))) / _discrete_moments(kind, s, step, 1)[0]
+  if kind == "discrete_gaussian":
+    s = float(np.mean(scale_arr))
+    return math.sqrt(float(np.mean(z**2)) / _discrete_moments(kind, s, step, 2)[0])
+  raise AssertionError(f"noise.kind must be one of {NOISE_KINDS}, got {kind!r}.")
+
+
+def check_noise_scale(entry: reg.ReleasePoint) -> Optional[str]:
+  """The empirical noise scale matches ``entry.noise.scale`` (from the cited theorem).
+
+  ``z = vector(release(k, D)) - noise.reference(D)`` over enough keys that the
+  test (see :func:`plan_noise_test`) passes the true scale with probability
+  >= 1 - 1e-6 and catches a 20% smaller scale with probability >= 1 - 1e-6;
+  an estimate above 1.5x the claim (wrong units, double noise) fails too.
+  Vmappable releases draw as many as needed; host-side releases at most
+  ``MAX_LOOP_DRAWS`` (enough for one coordinate; the returned note states any
+  reduced power).
+  """
+  spec = entry.noise
+  if spec is None:
+    _fail(entry, "noise", "noise is None: give the NoiseSpec of the cited theorem, or list "
+          "'noise' in skip with the reason (e.g. not additive noise).")
+  kind = spec.kind
+  if kind not in NOISE_KINDS:
+    _fail(entry, "noise", f"noise.kind must be one of {NOISE_KINDS}, got {kind!r}.")
+  step = None
+  if kind.startswith("discrete"):
+    support, step = parse_support(entry.support)
+    if support != "grid":
+      _fail(entry, "noise", f"{kind} noise needs support 'grid:<step>', got {entry.support!r}.")
+  data = _first_dataset(entry)
+  reference = np.asarray(spec.reference(data), dtype=np.float64).ravel()
+  scale_mean = float(np.mean(np.asarray(spec.scale, dtype=np.float64)))
+  if not scale_mean > 0:
+    _fail(entry, "noise", f"noise.scale must be > 0, got {spec.scale!r}.")
+  draws, d = noise_draws(entry)
+  if d != reference.size:
+    _fail(entry, "noise", f"noise.reference(D) has {reference.size} coordinates but "
+          f"vector(output) has {d}.")
+  note = None
+  vecs = bulk_map(entry, 0, draws, lambda out: as_vector(entry, out))
+  z = vecs - reference
+  plan = plan_noise_test(kind, draws * d, scale_mean, step)
+  if plan.power < 1 - NOISE_MISS:
+    note = (f"noise test under-powered (host-side release, {draws} draws x {d} coordinates): "
+            f"catches a 20% smaller scale with probability {plan.power:.4f}.")
+  ratio = estimated_scale_ratio(kind, z, spec.scale, step)
+  if not math.isfinite(ratio):
+    _fail(entry, "noise", "non-finite noise draws.")
+  if ratio < plan.low:
+    _fail(entry, "noise", f"the empirical {kind} scale is {ratio:.4f} x the claimed "
+          f"{spec.scale!r} ({spec.theorem}); a correct release falls below {plan.low:.4f} with "
+          f"probability < {plan.false_alarm:g} ({draws} draws x {d} coordinates): the release "
+          "carries less noise than its theorem requires.")
+  if ratio > plan.high:
+    _fail(entry, "noise", f"the empirical {kind} scale is {ratio:.4f} x the claimed "
+          f"{spec.scale!r} ({spec.theorem}), above {plan.high:.4f}: wrong units or a "
+          "reference that is not the statistic the noise is added to.")
+  return note
+
+
+# ---------------------------------------------------------------------------
+# (g) Cheap empirical audit.
+# ---------------------------------------------------------------------------
+
+
+def audit_report(entry: reg.ReleasePoint, slow: bool = False):
+  """The :func:`jaxdp.audit.epsilon_lower_bound` report on the first pair."""
+  from jaxdp import audit  # pylint: disable=import-outside-toplevel
+  spec = entry.audit
+  if spec is None:
+    _fail(entry, "audit", "audit is None: give an AuditSpec (statistic on the worst-case pair), "
+          "or list 'audit' in skip with the reason.")
+  trials = int(spec.slow_trials if slow else spec.trials)
+  name = "audit_slow" if slow else "audit"
+  stat = lambda out: np.asarray(spec.statistic(out), dtype=np.float64).reshape(())
+  if slow:  # its own keys (independent of the cheap audit), not cached
+    d0, d1 = pairs_of(entry)[0]
+    s0 = map_outputs(entry, keys_for(name, trials, offset=0), d0, stat)
+    s1 = map_outputs(entry, keys_for(name, trials, offset=1), d1, stat)
+  else:
+    s0, s1 = bulk_map(entry, 0, trials, stat), bulk_map(entry, 1, trials, stat)
+  if not (np.all(np.isfinite(s0)) and np.all(np.isfinite(s1))):
+    _fail(entry, name, "the audit statistic is not finite on every output.")
+  return audit.epsilon_lower_bound(s0, s1, delta=float(entry.delta), confidence=AUDIT_CONFIDENCE,
+                                   claimed_epsilon=float(entry.epsilon))
+
+
+def check_audit(entry: reg.ReleasePoint, slow: bool = False) -> None:
+  """The 95% Clopper-Pearson lower bound on epsilon (first pair) is <= the claimed epsilon.
+
+  ``slow=False`` runs ``entry.audit.trials`` per dataset, ``slow=True``
+  ``entry.audit.slow_trials``. A lower bound above the claim is a privacy bug
+  found with 95% confidence (:mod:`jaxdp.audit.core`); a bound below proves
+  nothing about tightness.
+  """
+  report = audit_report(entry, slow)
+  if report.epsilon_lower_bound > float(entry.epsilon):
+    _fail(entry, "audit_slow" if slow else "audit",
+          f"empirical epsilon lower bound {report.epsilon_lower_bound:.4f} exceeds the claimed "
+          f"epsilon {entry.epsilon} (delta {entry.delta}):\n{report}")
+
+
+CHECK_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "replay": check_replay,
+    "fresh": check_fresh,
+    "charge": check_charge,
+    "no_nonprivate": check_no_nonprivate,
+    "support": check_support,
+    "noise": check_noise_scale,
+    "audit": check_audit,
+}
+
+
+def validate_entry(entry: reg.ReleasePoint) -> None:
+  """Schema checks on an entry (names, relation, norm, support, skip keys and reasons)."""
+  problems = []
+  if entry.family not in FAMILIES:
+    problems.append(f"family {entry.family!r} not in {FAMILIES}")
+  if entry.neighbouring not in RELATIONS:
+    problems.append(f"neighbouring {entry.neighbouring!r} not in {RELATIONS}")
+  if not isinstance(entry.unit, str) or not entry.unit:
+    problems.append("unit must be a non-empty string")
+  if entry.norm not in NORMS:
+    problems.append(f"norm {entry.norm!r} not in {NORMS}")
+  if not (isinstance(entry.epsilon, (int, float)) and entry.epsilon > 0):
+    problems.append(f"epsilon must be > 0, got {entry.epsilon!r}")
+  if not (isinstance(entry.delta, (int, float)) and 0 <= entry.delta < 1):
+    problems.append(f"delta must be in [0, 1), got {entry.delta!r}")
+  try:
+    parse_support(entry.support)
+  except AssertionError as err:
+    problems.append(str(err))
+  for name, reason in entry.skip.items():
+    if SKIP_ALIASES.get(name, name) not in CHECKS + SLOW_CHECKS:
+      problems.append(f"skip key {name!r} is not a check name ({CHECKS + SLOW_CHECKS})")
+    if not isinstance(reason, str) or len(reason.strip()) < 10:
+      problems.append(f"skip[{name!r}] needs a reason (a sentence), got {reason!r}")
+  if entry.noise is not None and entry.noise.kind not in NOISE_KINDS:
+    problems.append(f"noise.kind {entry.noise.kind!r} not in {NOISE_KINDS}")
+  for field in ("pairs", "release", "vector", "event"):
+    if not callable(getattr(entry, field)):
+      problems.append(f"{field} must be callable")
+  if problems:
+    raise AssertionError(f"[schema] {entry.name}: " + "; ".join(problems))

@@ -1,0 +1,79 @@
+"""Every registered release point x every generic check (tests/privacy/README.md).
+
+``reg.load_all()`` imports every ``entries_*.py``; each (entry, check) pair is
+one test, ordered entry by entry so that the releases one check computes are
+reused by the next (``conformance_checks`` caches them per entry). A check
+that does not apply to an entry is skipped only when the entry lists it in
+``skip`` with a reason; a missing callable or spec the check needs is a
+failure (the message says which field to give). The stronger audit
+(``AuditSpec.slow_trials``) runs under ``@pytest.mark.slow``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import conformance_checks as cc
+import conformance_registry as reg
+
+REGISTRY = reg.load_all()
+NAMES = sorted(REGISTRY)
+# Entry by entry (so the per-entry caches are reused), except the fresh checks, which
+# come last: their two subprocesses run meanwhile (see fresh_process_digests).
+CASES = ([(name, check) for name in NAMES for check in ("schema",) + cc.CHECKS if check != "fresh"]
+         + [(name, "fresh") for name in NAMES])
+
+
+def _entry_or_skip(name: str, check: str) -> reg.ReleasePoint:
+  entry = REGISTRY[name]
+  skip = cc.canonical_skip(entry)
+  if check in skip:
+    pytest.skip(f"{check} does not apply: {skip[check]}")
+  if check == "audit_slow" and "audit" in skip:
+    pytest.skip(f"audit does not apply: {skip['audit']}")
+  return entry
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fresh_process_digests(request):
+  """``fresh(D)`` of every selected keyless entry in two separate processes.
+
+  Started when the session starts, so the processes run while the other checks
+  do; the fresh tests (last) collect them.
+  """
+  selected = {item.callspec.params.get("name") for item in request.session.items
+              if getattr(item, "callspec", None) and item.callspec.params.get("check") == "fresh"}
+  names = [n for n in NAMES if n in selected and REGISTRY[n].fresh is not None
+           and "fresh" not in cc.canonical_skip(REGISTRY[n])]
+  if not names:
+    yield None
+    return
+  procs = cc.FreshProcesses(names)
+  yield procs
+  procs.kill()
+
+
+@pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c}" for n, c in CASES])
+def test_check(name, check, request):
+  if check == "schema":
+    cc.validate_entry(REGISTRY[name])
+    return
+  entry = _entry_or_skip(name, check)
+  if check == "fresh":
+    procs = request.getfixturevalue("fresh_process_digests")
+    digests = procs.result() if entry.fresh is not None and procs is not None else None
+    cc.check_fresh(entry, process_digests=digests)
+    return
+  note = cc.CHECK_FUNCTIONS[check](entry)
+  if note:  # support "continuous" (documented caveat) or an under-powered host-side noise test
+    print(f"{name} [{check}]: {note}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_audit_slow(name):
+  cc.check_audit(_entry_or_skip(name, "audit_slow"), slow=True)
+
+
+def test_registry_is_not_empty():
+  assert REGISTRY, "no release point registered: tests/privacy/entries_*.py define them."
