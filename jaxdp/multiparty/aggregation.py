@@ -1,4 +1,4 @@
-"""Labels for the auxiliary data from the local ensemble (paper 001 Sec. 4.1 and 4.3).
+r"""Labels for the auxiliary data from the local ensemble (paper 001 Sec. 4.1 and 4.3).
 
 Paper 001 = ``../shared/papers/001_learning_privately_from_multiparty_data.md``.
 Input is the ``(M, N)`` vote matrix ``V[i, n] = h_i(x_n)`` with labels in

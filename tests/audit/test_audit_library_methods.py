@@ -56,7 +56,7 @@ def _output_perturbation_audit(delta, calibration_examples=None, lam=10.0):
   stat = (audit.l2_distance_statistic(w_d, w_n) if delta == 0.0
           else _direction(w_d, w_n))
   r = audit.audit_epsilon(mech, pair.dataset, pair.neighbour, stat,
-                          key=jax.random.key(0), num_trials=50_000, batch_size=TRIAL_BATCH,
+                          key=jax.random.key(0), num_trials=200_000, batch_size=TRIAL_BATCH,
                           claimed_epsilon=1.0, delta=delta, batched=True, progress=False)
   print(r)
   return r
@@ -67,7 +67,10 @@ def test_output_perturbation_audit(delta):
   r = _output_perturbation_audit(delta)
   # Lemma 1's 2K/(N lambda) is twice what a replace-one change can reach with
   # the softmax loss (the two gradients cannot both have norm K in opposite
-  # directions), so the audit tops out near epsilon / 2.
+  # directions), so the audit tops out near epsilon / 2 (delta = 0) and near 0.34
+  # (delta = 1e-2; estimates 0.30-0.40 over keys). 200,000 trials per dataset keep
+  # the Clopper-Pearson bound within ~0.05 of the estimate (with 50,000 it ranged
+  # 0.24-0.31 over keys, too close to 0.25 to be a stable tightness check).
   assert 0.25 <= r.epsilon_lower_bound <= 1.0
 
 

@@ -409,6 +409,31 @@ INJECTIONS.extend([
               "symmetric SPD-release noise x 0.8"),
 ])
 
+
+def _constant_fresh_key(original):
+  """Factory: ``fresh_key`` that returns one fixed key (an object replaying its noise)."""
+  del original
+  import jax  # pylint: disable=import-outside-toplevel
+  return lambda: jax.random.key(0)
+
+
+# Linear training, the estimators' key rule, and the classic estimators.
+INJECTIONS.extend([
+    Injection("training", "jaxdp.training.output_perturbation.model_sensitivity",
+              "jaxdp.training.output_perturbation.minimizer_sensitivity", scaled(0.8), "noise",
+              "model sensitivity's minimiser sensitivity 2K/(N lambda) x 0.8"),
+    Injection("training", "jaxdp.training.output_perturbation.output_perturbation",
+              "jaxdp.training.output_perturbation.minimizer_sensitivity", scaled(0.8), "noise",
+              "output perturbation's minimiser sensitivity x 0.8"),
+    Injection("training", "jaxdp.training.estimators.PrivateLogisticRegression.fit",
+              "jaxdp._keys.fresh_key", _constant_fresh_key, "fresh",
+              "seed=None replays one fixed key (every default instance adds the same noise)"),
+    Injection("classic", "jaxdp.classic.PrivateNaiveBayes.fit",
+              "jaxdp._keys.fresh_key", _constant_fresh_key, "fresh",
+              "seed=None replays one fixed key in the classic estimators"),
+])
+
+
 _RESULTS: dict[str, str] = {}
 
 
@@ -440,7 +465,22 @@ def run_injection(row: Injection, monkeypatch) -> bool:
   return False
 
 
-@pytest.mark.parametrize("row", INJECTIONS, ids=[_row_id(r) for r in INJECTIONS])
+def _with_cost_marks(rows: list[Injection]) -> list:
+  """The first row of each family always runs; the others are ``slow`` (same assertion).
+
+  Every row re-runs its check twice with cleared caches (recompiling the entry), so
+  the whole table takes minutes on 2 cores; ``-m slow`` runs every row.
+  """
+  seen: set[str] = set()
+  params = []
+  for row in rows:
+    marks = () if row.family not in seen else (pytest.mark.slow,)
+    seen.add(row.family)
+    params.append(pytest.param(row, marks=marks, id=_row_id(row)))
+  return params
+
+
+@pytest.mark.parametrize("row", _with_cost_marks(INJECTIONS))
 def test_injected_library_defect_is_caught(row, monkeypatch):
   if row.entry not in _registry():
     _RESULTS[_row_id(row)] = "skipped"
@@ -475,3 +515,4 @@ def test_catch_rate(capsys):
           "skipped); "
           + ", ".join(f"{f}: {c}/{t}" for f, (c, t) in sorted(by_family.items())))
   assert caught == len(ran)
+
