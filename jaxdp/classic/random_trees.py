@@ -211,14 +211,9 @@ def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, ep
 class PrivateRandomTrees:
   """scikit-learn-like private random decision tree ensemble.
 
-  Noise keys (:mod:`jaxdp._keys`): with ``seed=None`` (the default) every
-  ``fit`` draws a fresh key from OS entropy, so two instances or a refit on
-  updated data never add the same noise (the difference of two releases
-  cannot cancel it). An explicit ``seed`` (an integer or a ``jax.random`` key)
-  gives fit ``i`` of the instance ``fold_in(key(seed), i)`` (reproducible
-  experiments); it is the user's promise not to reuse that seed for another
-  release on overlapping data: two instances with the same seed add identical
-  noise.
+  Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
+  default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
+  user's promise not to reuse it on overlapping data.
   """
 
   def __init__(self, *, epsilon: float, num_classes: int, lower: Any = None, upper: Any = None,
