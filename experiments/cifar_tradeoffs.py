@@ -43,6 +43,7 @@ B = ``budget``; 7b: accuracy vs B at epsilon = ``budget_epsilon``).
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import pickle
@@ -134,10 +135,15 @@ def _schedule(lr, total_steps):
   return optax.piecewise_constant_schedule(lr, bounds)
 
 
+@functools.partial(jax.jit, static_argnames=("model", "batch"))
 def _predict(model, params, x, batch=1000):
-  out = [jnp.argmax(model.apply({"params": params}, x[i:i + batch]), -1)
-         for i in range(0, len(x), batch)]
-  return jnp.concatenate(out)
+  """Predicted labels, ``batch`` rows at a time (one compiled ``lax.map``; last batch padded)."""
+  n = x.shape[0]
+  num = -(-n // batch)
+  rows = jnp.pad(jnp.asarray(x), [(0, num * batch - n)] + [(0, 0)] * (x.ndim - 1))
+  out = jax.lax.map(lambda xb: jnp.argmax(model.apply({"params": params}, xb), -1),
+                    rows.reshape(num, batch, *x.shape[1:]))
+  return out.reshape(-1)[:n]
 
 
 def make_dpsgd_resnet(key, x, y, eps, clip, config):
@@ -148,7 +154,7 @@ def make_dpsgd_resnet(key, x, y, eps, clip, config):
   d = config.dpsgd
   model = models.ResNet20()
   k_init, k_run, k_aug = jax.random.split(key, 3)
-  params = model.init(k_init, x[:1])["params"]
+  params = jax.jit(model.init)(k_init, x[:1])["params"]  # one compile, not one per layer
   loss = dpsgd.make_per_example_loss(lambda p, xb: model.apply({"params": p}, xb))
   batch = min(float(d.expected_batch_size), float(len(y)))
   total = steps_for_epochs(d.epochs, batch / len(y))  # the schedule needs T before make_private
@@ -207,13 +213,13 @@ def make_teachers(key, x, y, config):
   xs = jnp.asarray(x[perm].reshape(t, n_per, *x.shape[1:]))
   ys = jnp.asarray(y[perm].reshape(t, n_per))
   model = models.ResNet20()
-  params = jax.vmap(lambda k: model.init(k, x[:1])["params"])(
+  params = jax.jit(jax.vmap(lambda k: model.init(k, x[:1])["params"]))(
       jax.random.split(jax.random.fold_in(key, 1), t))
   batch = min(tc.batch_size, n_per)
   steps_per_epoch = max(1, n_per // batch)
   total = int(tc.epochs * steps_per_epoch)
   opt = optax.sgd(_schedule(tc.learning_rate, total), momentum=tc.momentum or None)
-  opt_state = jax.vmap(opt.init)(params)
+  opt_state = jax.jit(jax.vmap(opt.init))(params)
 
   def loss_fn(p, xb, yb):
     logits = model.apply({"params": p}, xb)
@@ -245,7 +251,7 @@ def train_teachers(key, x, y, config, progress=True):
     params, opt_state = step(params, opt_state, jax.random.fold_in(k_steps, i))
 
   def votes(x_eval):
-    preds = jax.vmap(lambda p: _predict(model, p, x_eval))(params)  # (T, M)
+    preds = jax.vmap(functools.partial(_predict, model), in_axes=(0, None))(params, x_eval)  # (T, M)
     return jax.nn.one_hot(preds, 10, dtype=jnp.int32).sum(0)      # (M, C)
   return votes
 

@@ -67,6 +67,7 @@ def main(config) -> list[dict]:
         eval_fn=lambda p: {"test_accuracy": dpsgd.accuracy(apply, p, ds.x_test, ds.y_test)},
         eval_every=steps_per_epoch if config.eval_every_epoch else None, progress=True)
     row = {"model": config.model, "target_epsilon": eps, "epsilon": res.epsilon, "delta": res.delta,
+           "accountant_method": res.accountant_method,
            "noise_multiplier": res.noise_multiplier, "sample_rate": res.sample_rate,
            "steps": res.steps, "l2_clip_norm": config.l2_clip_norm,
            "test_accuracy": res.history[-1]["test_accuracy"], "seconds": res.seconds}

@@ -52,13 +52,30 @@ the training set over the config's grids (``val_seeds`` noise draws per
 candidate); then ``num_seeds`` (paper: 100) releases with fresh noise are made
 from the whole training set in one batched call (the non-private parts -- the
 certified minimiser, the teachers' votes -- computed once) and scored on the
-test set: mean and s.d. over the draws. As in the paper, the privacy cost of
-the selection is NOT accounted for; ``--config.account_selection=True``
-instead charges it by basic composition: every candidate tried on the held-out
-split is one more release of the same mechanism, so each release is run at
-``epsilon / (1 + #candidates * val_seeds)`` (and delta likewise), which makes
-the reported total ``(epsilon, delta)`` cover the selection too (a private-prediction
-candidate is then scored on exactly B held-out queries, the answers it is calibrated for).
+test set: mean and s.d. over the draws.
+
+As in the paper (default, ``account_selection=False``), the selection is NOT
+private and NOT accounted for: the candidates are trained at the full
+``(epsilon, delta)`` and the winner is the ``argmax`` of their accuracies on
+held-out rows of the private training set, a non-private function of those
+rows; the reported ``(epsilon, delta)`` covers the final release only.
+
+``--config.account_selection=True`` makes the whole protocol ``(epsilon,
+delta)``-DP (replace-one on the training set) by basic composition (Dwork &
+Roth 2014, Thm. 3.16; derivation in :mod:`jaxdp.training.selection`): with
+``C`` candidates and ``V = val_seeds``, the ``C V`` candidate releases (trained
+on the non-held-out rows; a private-prediction candidate answers exactly B
+held-out queries, the answers it is calibrated for), the final release (all
+rows) and the selection each get one share, ``epsilon / (C V + 2)``; delta is
+split over the ``C V + 1`` releases that have one, ``delta / (C V + 1)`` (the
+selection is pure DP). The selection is
+:func:`jaxdp.training.private_argmax`, the exponential mechanism over the
+candidates' numbers of correct held-out answers summed over their V draws
+(sensitivity V under replace-one: one held-out row changes each draw's count
+by at most 1; equivalently mean accuracies with sensitivity ``1/n_val``). The
+scores themselves are never published: the row's ``nonprivate_val_accuracy``
+(the chosen candidate's mean held-out accuracy) is a non-private diagnostic in
+both modes.
 
 Figures (``configs/tradeoffs.py``): ``fig1`` accuracy vs epsilon (B = 100,
 delta in {0, 1e-5}); ``fig2`` vs B (epsilon = 1); ``fig3`` vs delta; ``fig4`` vs
@@ -97,6 +114,7 @@ from jaxdp import prediction as jpred
 from jaxdp import results_io
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp.training import dpsgd as jdpsgd
+from jaxdp.training import selection as jselection
 
 _HERE = pathlib.Path(__file__).resolve().parent
 CONFIG_FILE = _HERE.parent / "configs" / "tradeoffs.py"
@@ -274,12 +292,30 @@ class _Problem:
     return self._votes[split, t, lam]
 
 
+# Settings fingerprinted (results_io) when the selection is accounted: rows logged by the
+# earlier accounted protocol (np.argmax of the held-out accuracies, eps / (1 + C V)) are not
+# resumed as rows of this one. The paper's protocol (account_selection=False) is unchanged.
+ACCOUNTED_SELECTION = "exponential_mechanism_on_correct_counts_v2"
+
+
+def _accounts_selection(eps, candidates, config):
+  return bool(config.account_selection) and candidates > 1 and not math.isinf(eps)
+
+
 def _split_budget(eps, delta, candidates, config):
-  """Per-release (eps, delta): the total, or its share when the selection is accounted."""
-  if not config.account_selection or candidates <= 1 or math.isinf(eps):
-    return eps, delta
-  k = 1 + candidates * config.val_seeds
-  return eps / k, delta / k
+  """``(eps_release, delta_release, eps_selection)`` of one point.
+
+  Not accounted (the paper's protocol, or nothing to select): every release at
+  the total ``(eps, delta)``, ``eps_selection = None`` (np.argmax). Accounted:
+  ``C V`` candidate releases + 1 final release at ``(eps/k, delta/(k-1))`` and
+  the selection (pure DP) at ``eps/k``, ``k = C V + 2``: the shares sum to
+  ``(eps, delta)`` (basic composition, Dwork & Roth 2014 Thm. 3.16).
+  """
+  if not _accounts_selection(eps, candidates, config):
+    return eps, delta, None
+  releases = candidates * config.val_seeds + 1
+  k = releases + 1
+  return eps / k, delta / releases, eps / k
 
 
 def _dpsgd_models(keys, prob, split, eps, delta, clip, lr, config):
@@ -291,12 +327,18 @@ def _dpsgd_models(keys, prob, split, eps, delta, clip, lr, config):
       learning_rate=lr, momentum=d.momentum, batch_mode=config.batch_mode).weights
 
 
-def _release_accuracies(method, keys, prob, split, eps, delta, budget, hyper, config, rng_keys):
-  """Accuracies (one per key) on the eval set of ``split`` of ``method`` with ``hyper``."""
+def _eval_set(method, prob, split, budget, config):
+  """The rows a release of ``split`` is scored on (held-out rows for ``"fit"``, else test)."""
   xe, ye = prob.eval[split]
-  n = prob.n[split]
   if split == "fit" and config.account_selection and method in PREDICTION:
     xe, ye = xe[:budget], ye[:budget]  # an accounted candidate answers exactly B queries
+  return xe, ye
+
+
+def _release_accuracies(method, keys, prob, split, eps, delta, budget, hyper, config, rng_keys):
+  """Accuracies (one per key) on the eval set of ``split`` of ``method`` with ``hyper``."""
+  xe, ye = _eval_set(method, prob, split, budget, config)
+  n = prob.n[split]
   if method == "non_private":
     return _ave._accuracies(prob.fits(split, hyper["l2_reg"])[None], xe, ye)  # pylint: disable=protected-access
   if method in ("model_sensitivity", "loss_perturbation"):
@@ -340,14 +382,23 @@ def run_point(point, problem, keys, config) -> dict:
   method, eps, delta, budget = s["method"], s["epsilon"], s["delta"], s["budget"]
   prob = problem(s["n_train"], s["pca_dims"], s["num_classes"])
   cands = _candidates(method, point, config)
-  eps_r, delta_r = _split_budget(eps, delta, len(cands), config)
+  eps_r, delta_r, eps_select = _split_budget(eps, delta, len(cands), config)
   num_val = 1 if method == "non_private" else config.val_seeds
-  scores = []
+  n_val = int(_eval_set(method, prob, "fit", budget, config)[1].shape[0])
+  scores, correct = [], []  # per candidate: mean held-out accuracy; correct answers, all draws
   for i, hyper in enumerate(cands):
     accs = _release_accuracies(method, keys.for_(*point, "val", i, num=num_val), prob, "fit",
                                eps_r, delta_r, budget, hyper, config, keys)
     scores.append(float(jnp.mean(accs)))
-  best = int(np.argmax(scores)) if len(cands) > 1 else 0
+    # each accuracy is count / n_val: the exact integer counts, summed over the draws
+    correct.append(float(np.rint(np.asarray(accs, np.float64) * n_val).sum()))
+  if eps_select is not None:
+    # Accounted: the exponential mechanism (jaxdp.training.selection). One held-out row
+    # changes each draw's count by at most 1 (replace-one), the sum by at most num_val.
+    best = int(jselection.private_argmax(keys.for_(*point, "select"), np.asarray(correct),
+                                         sensitivity=float(num_val), epsilon=eps_select))
+  else:  # the paper's protocol: a non-private argmax, NOT accounted (module docstring)
+    best = int(np.argmax(scores)) if len(cands) > 1 else 0
   hyper = cands[best]
   num = 1 if method == "non_private" else config.num_seeds
   accs = np.asarray(_release_accuracies(method, keys.for_(*point, "test", num=num), prob, "full",
@@ -358,7 +409,10 @@ def run_point(point, problem, keys, config) -> dict:
              l2_reg=float(hyper.get("l2_reg", 0.0)), num_teachers=int(hyper.get("num_teachers", 0)),
              clip_norm=float(hyper.get("clip", 0.0)), learning_rate=float(hyper.get("lr", 0.0)),
              release_epsilon=float(eps_r), release_delta=float(delta_r),
-             val_accuracy=scores[best] if scores else float("nan"),
+             selection_epsilon=float(eps_select) if eps_select is not None else 0.0,
+             selection="exponential_mechanism" if eps_select is not None else (
+                 "argmax_not_accounted" if len(cands) > 1 else "none"),
+             nonprivate_val_accuracy=scores[best] if scores else float("nan"),
              test_accuracy_mean=float(accs.mean()), test_accuracy_std=float(accs.std()),
              num_draws=int(accs.size), seconds=time.time() - start)
   row["point"] = list(point)
@@ -375,8 +429,10 @@ def main(config) -> list[dict]:
   start = time.time()
   config = resolve_config(config)
   points = grid(config)
-  log, out = results_io.open_point_log(config, RESULT_FIELDS,
-                                       extra_settings=dict(dpsgd=config.dpsgd.to_dict()))
+  extra = dict(dpsgd=config.dpsgd.to_dict())
+  if config.account_selection:  # the accounted protocol changed: do not resume its old rows
+    extra["selection"] = ACCOUNTED_SELECTION
+  log, out = results_io.open_point_log(config, RESULT_FIELDS, extra_settings=extra)
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
         f"already in {out / 'points.jsonl'}", file=sys.stderr)

@@ -5,8 +5,10 @@ Subpackages (imported on first attribute access, so ``import jaxdp`` stays cheap
 ``mechanisms`` (noise mechanisms as pure functions of a key), ``data``
 (offline datasets and preprocessing), ``training`` (private linear models,
 DP-SGD), ``models`` (Flax models), ``prediction`` (private prediction with
-enforced budgets), ``audit`` (empirical privacy auditing), ``classic`` (the survey's
-classic models: naive Bayes, random trees, k-means, PCA, linear regression).
+enforced budgets), ``multiparty`` (a private global classifier from M parties'
+local classifiers), ``inference`` (private confidence intervals for ERM),
+``audit`` (empirical privacy auditing), ``classic`` (the survey's classic models:
+naive Bayes, random trees, k-means, PCA, linear regression).
 """
 
 import importlib
@@ -93,8 +95,8 @@ def enable_compilation_cache(cache_dir: str | os.PathLike | None = None, *,
   return cache_dir
 
 
-_SUBPACKAGES = ("accounting", "audit", "classic", "data", "mechanisms", "models", "prediction",
-                "training")
+_SUBPACKAGES = ("accounting", "audit", "classic", "data", "inference", "mechanisms", "models",
+                "multiparty", "prediction", "training")
 
 
 def __getattr__(name):

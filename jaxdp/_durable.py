@@ -4,12 +4,18 @@ Privacy state must survive crashes and must not be overspent by two processes
 sharing it. The primitives here give both:
 
 * :func:`locked` takes an exclusive advisory lock (``fcntl.flock``) on a
-  sidecar ``<path>.lock`` file; every read-modify-write of ``path`` happens
-  under it, so concurrent processes serialise (compare-and-increment).
+  hidden sidecar file ``.<name>.lock`` beside ``path``; every read-modify-write
+  of ``path`` happens under it, so concurrent processes serialise
+  (compare-and-increment). The empty sidecar stays after the lock is released:
+  deleting it would let a process that opened it just before lock a file no
+  other process can find any more (two holders). It is safe to delete when no
+  process uses ``path``.
 * :func:`write_json_atomic` writes a temporary file in the same directory,
   ``fsync``s it, ``os.replace``s it over ``path`` and ``fsync``s the directory,
   so a crash leaves either the old or the new state, never a torn one, and a
-  state that was reported written is on disk.
+  state that was reported written is on disk. The file keeps its permissions
+  when it exists, and gets the usual ``0o666 & ~umask`` when it is new (as
+  ``open(path, "w")`` would), not ``mkstemp``'s private ``0o600``.
 * :func:`locked_update` combines them: ``with locked_update(path) as state:``
   yields the current state (``None`` if the file does not exist yet); the
   caller mutates it in place or assigns ``state_box[0]``; it is written before
@@ -27,12 +33,29 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import tempfile
+import threading
 from typing import Any, Iterator
+
+_UMASK_LOCK = threading.Lock()
 
 
 def _lock_path(path: str) -> str:
-  return f"{path}.lock"
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f".{name}.lock")
+
+
+def _new_file_mode(path: str) -> int:
+  """The mode ``path`` keeps (if it exists) or gets (``0o666 & ~umask``) when written."""
+  try:
+    return stat.S_IMODE(os.stat(path).st_mode)
+  except FileNotFoundError:
+    pass
+  with _UMASK_LOCK:  # os.umask is the only portable way to read it; restore at once
+    mask = os.umask(0o022)
+    os.umask(mask)
+  return 0o666 & ~mask
 
 
 @contextlib.contextmanager
@@ -66,8 +89,10 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
   path = os.path.abspath(os.fspath(path))
   directory = os.path.dirname(path)
   os.makedirs(directory, exist_ok=True)
+  mode = _new_file_mode(path)
   fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
   try:
+    os.fchmod(fd, mode)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
       f.write(text)
       f.flush()

@@ -2,6 +2,8 @@
 
 import os
 import pathlib
+import shutil
+import tempfile
 
 import jax
 import pytest
@@ -9,6 +11,41 @@ import pytest
 from jaxdp.data import resolve as jdata_resolve
 
 jax.config.update("jax_enable_x64", False)
+
+_CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
+
+
+def pytest_configure(config):
+  """One persistent XLA compilation cache per test run, shared by every process of the run.
+
+  Compilation dominates this suite on a CPU, and the two ``pytest-xdist`` workers
+  (and the subprocesses some tests start) compile many of the same programs: with
+  a shared on-disk cache a program is compiled once per run. The cache starts
+  empty (a fresh temporary folder, removed at the end), so no result depends on
+  an earlier run. Workers and subprocesses inherit the folder through the
+  environment. Set ``JAX_COMPILATION_CACHE_DIR`` yourself to use another folder,
+  or ``JAXDP_TEST_COMPILATION_CACHE=0`` to turn it off.
+  """
+  if os.environ.get("JAXDP_TEST_COMPILATION_CACHE", "1") == "0":
+    return
+  if hasattr(config, "workerinput") or os.environ.get(_CACHE_ENV):
+    cache_dir = os.environ.get(_CACHE_ENV)  # set by the controller (or the user)
+  else:
+    cache_dir = tempfile.mkdtemp(prefix="jaxdp-tests-xla-cache-")
+    config._jaxdp_cache_dir = cache_dir  # pylint: disable=protected-access
+    os.environ[_CACHE_ENV] = cache_dir
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+  if cache_dir:
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+  cache_dir = getattr(config, "_jaxdp_cache_dir", None)
+  if cache_dir:
+    shutil.rmtree(cache_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

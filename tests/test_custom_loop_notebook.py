@@ -68,7 +68,9 @@ def _execute(tmp_path, env_data_dir):
 
 
 def _check_output(text, min_accuracy):
-  epochs = re.findall(r"epoch (\d+): (\d+) steps, epsilon = (\d+\.\d+)", text)
+  # each epoch prints the guarantee with its accounting method: "(eps, delta)-DP ... rdp)"
+  epochs = re.findall(r"epoch (\d+): (\d+) steps, \((\d+\.?\d*), [^)]*\)-DP for add_remove "
+                      r"neighbours \(unit: example; rdp\)", text)
   assert len(epochs) >= 2, text[-2000:]
   eps = [float(e) for _, _, e in epochs]
   assert all(a < b for a, b in zip(eps, eps[1:])) and eps[-1] <= 3.0 + 1e-9, epochs

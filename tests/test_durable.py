@@ -48,3 +48,24 @@ def test_atomic_write_leaves_no_temporary_files(tmp_path):
 
 def test_missing_file_reads_as_none(tmp_path):
   assert _durable.read_json(tmp_path / "absent.json") is None
+
+
+def test_new_files_follow_the_umask_and_existing_files_keep_their_mode(tmp_path):
+  path = tmp_path / "results.json"
+  old = os.umask(0o022)
+  try:
+    _durable.write_json_atomic(path, {"a": 1})
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)  # not mkstemp's 0o600
+    os.chmod(path, 0o640)
+    _durable.write_json_atomic(path, {"a": 2})
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o640)
+  finally:
+    os.umask(old)
+
+
+def test_lock_sidecar_is_hidden(tmp_path):
+  path = tmp_path / "budget.json"
+  with _durable.locked_update(path) as box:
+    box.value = {"spent": 1}
+  assert [n for n in os.listdir(tmp_path) if not n.startswith(".")] == ["budget.json"]
+  assert os.listdir(tmp_path).count(".budget.json.lock") == 1

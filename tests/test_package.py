@@ -5,7 +5,8 @@ import jaxdp
 
 def test_subpackages_are_reachable_from_the_top_level():
   assert jaxdp.__version__
-  for name in ("accounting", "audit", "data", "mechanisms", "models", "prediction", "training"):
+  for name in ("accounting", "audit", "classic", "data", "inference", "mechanisms", "models",
+               "multiparty", "prediction", "training"):
     assert getattr(jaxdp, name).__name__ == f"jaxdp.{name}"
   assert jaxdp.accounting.analytic_gaussian_sigma(1.0, 1e-5) > 0
 

@@ -12,6 +12,7 @@ amplification assumes.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import dp_accounting
@@ -88,6 +89,19 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
   sample_rate = _validation.check_sample_rate(sample_rate)
   steps = _validation.check_positive_int(steps, "steps")
   tol = _validation.check_positive(tol, "tol")
+  return _calibrate_noise_multiplier(float(target_epsilon), float(delta), float(sample_rate),
+                                     int(steps), accountant, float(tol))
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float,
+                                steps: int, accountant: str, tol: float) -> float:
+  """:func:`calibrate_noise_multiplier` on validated arguments, memoised.
+
+  A deterministic function of public parameters (one Brent search costs 1-30 s
+  of RDP/PLD compositions); a run that calibrates the same (eps, delta, q, T)
+  twice (an experiment grid, a notebook cell re-run) pays for it once.
+  """
 
   def make_event(z: float) -> events.DpEvent:
     return dpsgd_event(z, sample_rate, steps)

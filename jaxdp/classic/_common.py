@@ -18,18 +18,117 @@ records ``S(D) = sum_i f(x_i)`` of a per-record contribution with
 
 :func:`sum_sensitivity` returns that bound; the ``neighbouring`` argument of
 every model picks the relation, and the relation is written into the events.
+
+Noise (issue 26). The low-dimensional releases (counts and sums of naive Bayes,
+random trees, k-means) default to ``noise="discrete"``: the discrete Laplace
+mechanism on a PUBLIC grid (:mod:`jaxdp.mechanisms.discrete`; C. Canonne, G.
+Kamath, T. Steinke, "The Discrete Gaussian for Differential Privacy", NeurIPS
+2020, Algorithm 2), whose set of possible outputs does not depend on the data;
+``noise="continuous"`` is the float Laplace mechanism (Dwork & Roth Thm. 3.6),
+kept to reproduce papers and for comparison (its float outputs carry the
+lattice caveat of ``docs/sharp_edges.md``). Both spend the same ``epsilon``
+per release under the same relation; the discrete release's event is the
+``PureDpEvent(epsilon)`` of :func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`
+(the discrete Laplace with integer sensitivity has the privacy-loss distribution
+of randomized response, which a ``LaplaceDpEvent`` would understate in an RDP
+or PLD accountant).
+
+* Counts are integers, so they already lie on the grid ``1 Z``: no rounding
+  happens and the L1 sensitivity in grid units is the count sensitivity
+  ``Delta`` itself (the ``+ (c - 1)`` of the rounding bound does not arise).
+  Integer noise ``z`` of scale ``t/s >= Delta/eps`` (CKS Algorithm 2,
+  :func:`discrete_count_parameters`) is added exactly: ``eps``-DP, and the
+  noise scale equals the continuous one (no utility cost).
+* A sum of real contributions is rounded to the grid ``g Z`` of a public
+  power-of-two step (:func:`sum_grid_step`) by
+  :func:`jaxdp.mechanisms.discrete_laplace_mechanism`, whose rounded L1
+  sensitivity is ``K_1 = ceil(Delta_1/g) + (c - 1)`` grid steps when one record
+  changes at most ``c`` coordinates (module docstring of
+  :mod:`jaxdp.mechanisms.discrete`), with noise of scale ``t/s >= K_1/eps``
+  grid steps: ``eps``-DP. With ``g <= Delta_1/(c 2^10)`` the noise scale in
+  output units ``K_1 g/eps`` exceeds the continuous ``Delta_1/eps`` by less
+  than ``c g/Delta_1 <= 2^-10`` relatively (``K_1 g < Delta_1 + c g``), plus
+  the ``< 1/t`` of the integer ratio ``t/s``.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
 from jaxdp import _validation
 from jaxdp.accounting import events
+from jaxdp.mechanisms import discrete
 
 NEIGHBOURING = (events.ADD_REMOVE, events.REPLACE_ONE)
+NOISE_KINDS = ("discrete", "continuous")
+GRID_COST = 2**-10        # target c g / Delta_1 of a rounded sum (module docstring)
+MAX_GRID_SCALE = 2**19    # noise scale in grid steps above which the grid is coarsened
+MAX_GRID_INDEX = 2**30 - 64  # |value|/g must stay below (jaxdp.mechanisms.discrete clamps there)
+
+
+def check_noise(noise: Any) -> str:
+  """``"discrete"`` or ``"continuous"``; anything else raises ValueError naming ``noise``."""
+  if not isinstance(noise, str) or noise not in NOISE_KINDS:
+    raise ValueError(f"noise must be one of {NOISE_KINDS}, got {noise!r}.")
+  return noise
+
+
+def _largest_power_of_two_at_most(x: float) -> float:
+  mantissa, exponent = math.frexp(x)  # x = mantissa 2^exponent, mantissa in [0.5, 1)
+  del mantissa
+  return math.ldexp(1.0, exponent - 1)
+
+
+def sum_grid_step(l1_sensitivity: float, epsilon: float, changed: int) -> float:
+  """Public power-of-two grid step of a sum released with the discrete Laplace.
+
+  ``g`` is the largest power of two ``<= Delta_1/(c 2^10)`` (``c = changed``, the
+  coordinates one record can change), so ``K_1 = ceil(Delta_1/g) + (c - 1)``
+  grid steps costs less than a relative ``c g/Delta_1 <= 2^-10`` over
+  ``Delta_1/g`` (module docstring); when the noise ``K_1/eps`` would exceed ``2^19`` grid steps (the
+  sampler takes scales below ``2^20``), ``g`` doubles until it does not: the
+  noise then spans ``>= 2^18`` grid steps and the relative cost is
+  ``< c/(eps 2^18)``. A function of public parameters only.
+  """
+  sens = float(l1_sensitivity)
+  eps = float(epsilon)
+  c = int(changed)
+  g = _largest_power_of_two_at_most(sens / (c * 2**10))
+  for _ in range(2100):  # bounded: from 2^-1074 up to 2^1023
+    if (math.ceil(sens / g) + c - 1) / eps <= MAX_GRID_SCALE:
+      break
+    g *= 2.0
+  return g
+
+
+def check_grid_range(max_abs_value: float, grid_step: float, what: str) -> None:
+  """Refuses a discrete release whose values could reach ``2^30 - 64`` grid steps.
+
+  :func:`jaxdp.mechanisms.discrete_laplace_mechanism` clamps the grid index
+  there (a 1-Lipschitz map: private, but a wrong answer); ``max_abs_value`` is a
+  bound on ``|value|`` from the declared bounds and the number of rows.
+  """
+  if max_abs_value / grid_step >= MAX_GRID_INDEX:
+    raise ValueError(
+        f"noise='discrete': {what} can reach {max_abs_value:.4g}, i.e. "
+        f"{max_abs_value / grid_step:.4g} steps of the public grid {grid_step!r}, above the "
+        f"supported {MAX_GRID_INDEX}; pass noise='continuous' (float Laplace) for data this large.")
+
+
+def discrete_count_parameters(l1_sensitivity: float, epsilon: float) -> tuple[int, int]:
+  """``(t, s)`` of the discrete Laplace noise of integer counts: ``t/s >= Delta/eps`` (grid 1).
+
+  Counts lie on ``1 Z`` already, so the rounded sensitivity is ``Delta`` itself
+  (``ceil(Delta/1)`` for an integer ``Delta``, one rounding, nothing to add:
+  module docstring), and :func:`jaxdp.mechanisms.discrete_laplace_scale` is
+  called with ``changed=1``.
+  """
+  if float(l1_sensitivity) != math.floor(float(l1_sensitivity)):
+    raise ValueError(f"a count sensitivity is an integer, got {l1_sensitivity!r}.")
+  return discrete.discrete_laplace_scale(l1_sensitivity, epsilon, 1.0, 1)
 
 
 def check_relation(neighbouring: Any) -> str:

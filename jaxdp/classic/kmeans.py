@@ -57,9 +57,39 @@ the simpler aggregator of Smith 2011, with a guarantee that holds for every
 dataset.) ``num_blocks > n`` and ``num_clusters > n`` are refused (``ValueError``)
 before anything is spent.
 
+Noise (``noise``, :mod:`jaxdp.classic._common`). ``"discrete"`` (default): the
+discrete Laplace mechanism on public grids (Canonne, Kamath & Steinke 2020,
+``CKS``, Algorithm 2), each release ``eps``-DP at its share of the budget and
+charged as ``PureDpEvent`` (:func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`),
+so both methods are ``epsilon``-DP again by the same composition:
+
+* DP-Lloyd counts are integers on ``1 Z``: integer noise of scale
+  ``t/s >= Delta_count/(f epsilon_t)`` is added exactly (rounded sensitivity
+  ``Delta_count`` itself, the continuous scale);
+* DP-Lloyd centred sums (``K d`` numbers, ``Delta_sum = R_1`` or ``2 R_1``) are
+  rounded to ``g Z`` by :func:`jaxdp.mechanisms.discrete_laplace_mechanism`,
+  where a record changes ``c = d`` coordinates (add/remove: its cluster's row) or
+  ``c = 2d`` (replace-one: two rows), so ``K_1 = ceil(Delta_sum/g) + (c - 1)``
+  grid steps and the noise has scale ``t/s >= K_1/((1 - f) epsilon_t)``;
+  ``g`` is the largest power of two ``<= Delta_sum/(c 2^10) = R_1/(d 2^10)``
+  (the mean half-width of the box over ``2^10``;
+  :func:`jaxdp.classic._common.sum_grid_step`, doubled only if the noise would
+  exceed ``2^19`` grid steps), a relative noise cost below ``2^-10``. The sums
+  are at most ``n max_j (u_j - l_j)/2`` in absolute value, which must stay
+  below ``(2^30 - 64) g`` (else ``ValueError``);
+* the sample-and-aggregate mean (``K d`` numbers, all of which one block can
+  move: ``c = K d``) is rounded to ``g Z`` with ``g`` the largest power of two
+  ``<= Delta_1/(K d 2^10) = sum_j (u_j - l_j)/(q d 2^10)``, and gets noise of
+  scale ``t/s >= K_1/epsilon`` grid steps, ``K_1 = ceil(Delta_1/g) + (K d - 1)``.
+  Clipping to the box afterwards maps the grid into ``(g Z ∩ [l, u]) ∪ {l, u}``,
+  still a data-independent set.
+
+``"continuous"``: float ``Lap`` noise of the scales above (``Delta/eps``) and
+``LaplaceDpEvent`` events, as in earlier releases.
+
 Floating point. The released sums (DP-Lloyd's per-cluster counts and sums, the
 mean of the block outputs) are accumulated in float64 (a scoped
-``jax.enable_x64``) and the float32 noise is added in float64. In float32 the
+``jax.enable_x64``) and the noise (grid integers, or float32 draws) is added in float64. In float32 the
 rounding of a sum of ``n = 2e5`` terms made the same-key difference of two
 neighbouring releases exceed the sensitivity by about 0.1%; in float64 any
 summation order errs by at most ``gamma_n sum_i |f(x_i)|``,
@@ -84,13 +114,18 @@ from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.classic import _common
+from jaxdp.mechanisms import discrete
 from jaxdp.mechanisms import laplace_noise
 
 METHODS = ("lloyd", "sample_aggregate")
 
 
 class LloydCalibration(NamedTuple):
-  """Per-iteration calibration of DP-Lloyd."""
+  """Per-iteration calibration of DP-Lloyd (scales in output units).
+
+  ``sum_grid_step`` and ``sum_changed`` (the coordinates of the sums one record
+  changes) are those of ``noise="discrete"`` (module docstring).
+  """
   iterations: int
   epsilon_per_iteration: float
   count_epsilon: float
@@ -100,6 +135,9 @@ class LloydCalibration(NamedTuple):
   count_scale: float
   sum_scale: float
   neighbouring: str
+  noise: str = "continuous"
+  sum_grid_step: float = 0.0
+  sum_changed: int = 0
 
 
 SU_RHO = 0.225
@@ -129,12 +167,15 @@ def _check_public_bounds(lower: Any, upper: Any) -> tuple[np.ndarray, np.ndarray
 
 def lloyd_calibration(*, lower: Any, upper: Any, epsilon: float, iterations: int,
                       count_fraction: Any = "auto",
-                      neighbouring: str = "replace_one") -> LloydCalibration:
+                      neighbouring: str = "replace_one",
+                      noise: str = "discrete") -> LloydCalibration:
   """Noise scales of DP-Lloyd (module docstring); ``epsilon = inf`` gives zero noise.
 
   ``count_fraction``: the counts' share of each iteration's budget, in (0, 1), or ``"auto"``
-  (:func:`auto_count_fraction` of the dimension of the bounds).
+  (:func:`auto_count_fraction` of the dimension of the bounds). ``noise``: as
+  :func:`dp_lloyd` (``"discrete"``: the scales are ``t/s`` times the grid step).
   """
+  noise = _common.check_noise(noise)
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   t = _validation.check_positive_int(iterations, "iterations")
   lo, hi = _check_public_bounds(lower, upper)
@@ -152,15 +193,36 @@ def lloyd_calibration(*, lower: Any, upper: Any, epsilon: float, iterations: int
   d_sum = _common.sum_sensitivity(r1, rel)
   eps_t = eps / t
   e_c, e_s = f * eps_t, (1.0 - f) * eps_t
+  changed = lo.shape[0] * (1 if rel == events.ADD_REMOVE else 2)
   if math.isinf(eps):
-    return LloydCalibration(t, eps_t, e_c, e_s, d_count, d_sum, 0.0, 0.0, rel)
-  return LloydCalibration(t, eps_t, e_c, e_s, d_count, d_sum, d_count / e_c, d_sum / e_s, rel)
+    return LloydCalibration(t, eps_t, e_c, e_s, d_count, d_sum, 0.0, 0.0, rel, noise, 0.0, changed)
+  if noise == "continuous":
+    return LloydCalibration(t, eps_t, e_c, e_s, d_count, d_sum, d_count / e_c, d_sum / e_s, rel,
+                            noise, 0.0, changed)
+  g = _common.sum_grid_step(d_sum, e_s, changed)
+  tc, sc = _common.discrete_count_parameters(d_count, e_c)
+  ts, ss = discrete.discrete_laplace_scale(d_sum, e_s, g, changed)
+  return LloydCalibration(t, eps_t, e_c, e_s, d_count, d_sum, tc / sc, ts / ss * g, rel, noise,
+                          g, changed)
 
 
 def lloyd_iteration_event(cal: LloydCalibration) -> events.DpEvent:
-  """The event of ONE DP-Lloyd iteration: ``epsilon / T`` (count and sum releases)."""
+  """The event of ONE DP-Lloyd iteration: ``epsilon / T`` (count and sum releases).
+
+  ``PureDpEvent`` s (``noise="discrete"``, :func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`)
+  or ``LaplaceDpEvent`` s (``"continuous"``).
+  """
   if math.isinf(cal.epsilon_per_iteration):
     return events.NonPrivateDpEvent()
+  if cal.noise == "discrete":
+    return events.ComposedDpEvent([
+        # counts: integers on 1 Z, no rounding (changed=1 in the rounded sensitivity)
+        discrete.discrete_laplace_mechanism_event(
+            cal.count_sensitivity, cal.count_epsilon, 1.0, max_changed_coordinates=1,
+            neighbouring=cal.neighbouring),
+        discrete.discrete_laplace_mechanism_event(
+            cal.sum_sensitivity, cal.sum_epsilon, cal.sum_grid_step,
+            max_changed_coordinates=cal.sum_changed, neighbouring=cal.neighbouring)])
   return events.ComposedDpEvent([
       events.LaplaceDpEvent(noise_multiplier=cal.count_scale / cal.count_sensitivity,
                             neighbouring=cal.neighbouring),
@@ -194,21 +256,45 @@ def lloyd_statistics(x, centroids, mid):
   return onehot.sum(0), onehot.T @ (x - mid)
 
 
-def noisy_lloyd_step(key, x, centroids, mid, count_scale, sum_scale):
-  """One DP-Lloyd release: ``(n~ (K,), S~ (K, d))`` (traced; scales are static floats)."""
+def lloyd_discrete_parameters(cal: LloydCalibration) -> tuple | None:
+  """The static parameters of the discrete release of one iteration (None: continuous).
+
+  ``((t, s) of the counts, Delta_sum, sum epsilon, g, c)`` (module docstring).
+  """
+  if cal.noise != "discrete" or math.isinf(cal.epsilon_per_iteration):
+    return None
+  return (_common.discrete_count_parameters(cal.count_sensitivity, cal.count_epsilon),
+          float(cal.sum_sensitivity), float(cal.sum_epsilon), float(cal.sum_grid_step),
+          int(cal.sum_changed))
+
+
+def noisy_lloyd_step(key, x, centroids, mid, count_scale, sum_scale, discrete_params=None):
+  """One DP-Lloyd release: ``(n~ (K,), S~ (K, d))`` (traced; scales are static floats).
+
+  ``discrete_params`` (:func:`lloyd_discrete_parameters`, static): integer counts plus
+  discrete Laplace integers and the sums by :func:`jaxdp.mechanisms.discrete_laplace_mechanism`
+  on their grid; None: float Laplace noise of ``count_scale`` and ``sum_scale``.
+  """
   counts, sums = lloyd_statistics(x, centroids, mid)
   k1, k2 = jax.random.split(key)
+  if discrete_params is not None:
+    (t, s), sens, eps, grid, changed = discrete_params
+    z = discrete.discrete_laplace_noise(k1, counts.shape, t, s).astype(counts.dtype)
+    return (counts + z, discrete.discrete_laplace_mechanism(
+        k2, sums, sens, eps, grid, max_changed_coordinates=changed))
   # Noise drawn by the float32 samplers, added in the statistics' dtype (float64 when released).
   return (counts + laplace_noise(k1, counts.shape, count_scale).astype(counts.dtype),
           sums + laplace_noise(k2, sums.shape, sum_scale).astype(sums.dtype))
 
 
-@functools.partial(jax.jit, static_argnames=("iterations", "count_scale", "sum_scale"))
-def _dp_lloyd_core(key, x, init, lo, hi, *, iterations, count_scale, sum_scale):
+@functools.partial(jax.jit, static_argnames=("iterations", "count_scale", "sum_scale",
+                                             "discrete_params"))
+def _dp_lloyd_core(key, x, init, lo, hi, *, iterations, count_scale, sum_scale,
+                   discrete_params=None):
   mid = (lo + hi) / 2.0
 
   def step(c, k):
-    n_t, s_t = noisy_lloyd_step(k, x, c, mid, count_scale, sum_scale)
+    n_t, s_t = noisy_lloyd_step(k, x, c, mid, count_scale, sum_scale, discrete_params)
     new = jnp.clip(mid + s_t / jnp.maximum(n_t, 1.0)[:, None], lo, hi)
     return jnp.where((n_t >= 1.0)[:, None], new, c), None
 
@@ -229,7 +315,7 @@ def _uniform_init(key, k, lo, hi, inset=0.0):
 def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower: Any,
              upper: Any, iterations: int = 5, count_fraction: Any = "auto", init: Any = "central",
              clip: bool = False, neighbouring: str = "replace_one",
-             accountant: Any = None) -> tuple[np.ndarray, events.DpEvent]:
+             accountant: Any = None, noise: str = "discrete") -> tuple[np.ndarray, events.DpEvent]:
   """``epsilon``-DP Lloyd's algorithm (module docstring).
 
   Args:
@@ -246,15 +332,22 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
     clip: clip out-of-bound values instead of raising.
     neighbouring: ``"replace_one"`` or ``"add_remove"``.
     accountant: optional accountant/budget, spent before release.
+    noise: ``"discrete"`` (default: counts and sums on public grids, module docstring) or
+      ``"continuous"`` (float Laplace).
 
   Returns:
     ``(centroids (K, d), event)``.
   """
   _validation.check_key(key)
+  noise = _common.check_noise(noise)
   arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   k = _validation.check_positive_int(num_clusters, "num_clusters")
   cal = lloyd_calibration(lower=lo, upper=hi, epsilon=epsilon, iterations=iterations,
-                          count_fraction=count_fraction, neighbouring=neighbouring)
+                          count_fraction=count_fraction, neighbouring=neighbouring, noise=noise)
+  discrete_params = lloyd_discrete_parameters(cal)
+  if discrete_params is not None:
+    _common.check_grid_range(arr.shape[0] * float(np.max(hi - lo)) / 2.0, cal.sum_grid_step,
+                             "a cluster's centred sum (n max_j (u_j - l_j)/2)")
   event = lloyd_event(cal)
   _common.spend(accountant, event)
   k_init, k_run = jax.random.split(key)
@@ -271,7 +364,7 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
     out = _dp_lloyd_core(k_run, jnp.asarray(arr, jnp.float64), jnp.asarray(c0, jnp.float64),
                          jnp.asarray(lo, jnp.float64), jnp.asarray(hi, jnp.float64),
                          iterations=cal.iterations, count_scale=float(cal.count_scale),
-                         sum_scale=float(cal.sum_scale))
+                         sum_scale=float(cal.sum_scale), discrete_params=discrete_params)
     return np.asarray(out, np.float64), event
 
 
@@ -329,13 +422,24 @@ def _block_outputs(key, x, lo, hi, *, k, num_blocks, iterations):
   return jax.vmap(one_block)(jax.random.split(k_blocks, num_blocks), masks)
 
 
-@functools.partial(jax.jit, static_argnames=("k", "num_blocks", "iterations", "scale"))
-def _sample_aggregate_core(key, x, lo, hi, *, k, num_blocks, iterations, scale):
-  """Mean of the block outputs in float64 when x64 is on (the release), Laplace noise, clip."""
+@functools.partial(jax.jit, static_argnames=("k", "num_blocks", "iterations", "scale",
+                                             "discrete_params"))
+def _sample_aggregate_core(key, x, lo, hi, *, k, num_blocks, iterations, scale,
+                           discrete_params=None):
+  """Mean of the block outputs in float64 when x64 is on (the release), Laplace noise, clip.
+
+  ``discrete_params = (Delta_1, epsilon, g, c)`` (static): the mean released by
+  :func:`jaxdp.mechanisms.discrete_laplace_mechanism` on ``g Z`` instead.
+  """
   outs = _block_outputs(key, x, lo, hi, k=k, num_blocks=num_blocks, iterations=iterations)
   acc = jax.dtypes.canonicalize_dtype(jnp.float64)  # float64 under jax.enable_x64, else float32
   mean = outs.astype(acc).mean(0)
   k_noise = jax.random.split(key, 4)[3]
+  if discrete_params is not None:
+    sens, eps, grid, changed = discrete_params
+    noisy = discrete.discrete_laplace_mechanism(k_noise, mean, sens, eps, grid,
+                                                max_changed_coordinates=changed)
+    return jnp.clip(noisy, lo.astype(acc), hi.astype(acc))
   noise = laplace_noise(k_noise, mean.shape, scale).astype(acc)
   return jnp.clip(mean + noise, lo.astype(acc), hi.astype(acc))
 
@@ -343,7 +447,8 @@ def _sample_aggregate_core(key, x, lo, hi, *, k, num_blocks, iterations, scale):
 def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float,
                             lower: Any, upper: Any, num_blocks: int = 50, iterations: int = 20,
                             clip: bool = False, neighbouring: str = "replace_one",
-                            accountant: Any = None) -> tuple[np.ndarray, events.DpEvent]:
+                            accountant: Any = None,
+                            noise: str = "discrete") -> tuple[np.ndarray, events.DpEvent]:
   """``epsilon``-DP k-means by sample and aggregate (module docstring).
 
   Every block should hold at least ``num_clusters`` points (``n >= K q``
@@ -351,10 +456,15 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
   centroids (module docstring). ``num_blocks > n`` or ``num_clusters > n``
   raises ``ValueError`` before anything is spent.
 
+  ``noise``: ``"discrete"`` (default: the noisy mean on the public grid ``g Z``, module
+  docstring) or ``"continuous"`` (float Laplace).
+
   Returns:
-    ``(centroids (K, d), event)``; the event is ``LaplaceDpEvent(1/epsilon)``.
+    ``(centroids (K, d), event)``; the event is ``PureDpEvent(epsilon)`` (discrete) or
+    ``LaplaceDpEvent(1/epsilon)`` (continuous).
   """
   _validation.check_key(key)
+  noise = _common.check_noise(noise)
   arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   k = _validation.check_positive_int(num_clusters, "num_clusters")
   q = _validation.check_positive_int(num_blocks, "num_blocks")
@@ -368,8 +478,18 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   rel = _common.check_relation(neighbouring)
   sens = sample_aggregate_sensitivity(lower=lo, upper=hi, num_clusters=k, num_blocks=q)
+  discrete_params = None
   if math.isinf(eps):
     event, scale = events.NonPrivateDpEvent(), 0.0
+  elif noise == "discrete":
+    changed = k * arr.shape[1]  # one block moves every coordinate of the mean
+    grid = _common.sum_grid_step(sens, eps, changed)
+    _common.check_grid_range(float(np.max(np.maximum(np.abs(lo), np.abs(hi)))), grid,
+                             "the mean of the block outputs (inside the bounds)")
+    event = discrete.discrete_laplace_mechanism_event(sens, eps, grid,
+                                                      max_changed_coordinates=changed,
+                                                      neighbouring=rel)
+    discrete_params, scale = (float(sens), float(eps), grid, changed), 0.0
   else:
     scale = sens / eps
     event = events.LaplaceDpEvent(noise_multiplier=1.0 / eps, neighbouring=rel)
@@ -377,7 +497,7 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
   with jax.enable_x64(True):  # float64 mean (module docstring, "Floating point")
     out = _sample_aggregate_core(key, jnp.asarray(arr, jnp.float32), jnp.asarray(lo, jnp.float32),
                                  jnp.asarray(hi, jnp.float32), k=k, num_blocks=q, iterations=it,
-                                 scale=float(scale))
+                                 scale=float(scale), discrete_params=discrete_params)
     return np.asarray(out, np.float64), event
 
 
@@ -387,7 +507,8 @@ class PrivateKMeans:
   ``fit`` spends the event on ``accountant`` before releasing;
   ``cluster_centers_``, ``predict``, ``score`` (negative cost, as scikit-learn)
   and ``inertia`` are available. ``count_fraction``, ``init`` and
-  ``neighbouring`` are those of :func:`dp_lloyd`.
+  ``neighbouring`` are those of :func:`dp_lloyd`; ``noise`` (``"discrete"``, the
+  default, or ``"continuous"``) is passed to either method.
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
@@ -397,9 +518,11 @@ class PrivateKMeans:
   def __init__(self, *, n_clusters: int, epsilon: float, lower: Any = None, upper: Any = None,
                method: str = "lloyd", iterations: int | None = None, num_blocks: int = 50,
                count_fraction: Any = "auto", init: Any = "central", clip: bool = False,
-               neighbouring: str = "replace_one", accountant: Any = None, seed: Any = None):
+               neighbouring: str = "replace_one", accountant: Any = None, seed: Any = None,
+               noise: str = "discrete"):
     if method not in METHODS:
       raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+    self.noise = _common.check_noise(noise)
     self.n_clusters = _validation.check_positive_int(n_clusters, "n_clusters")
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
     self.lower, self.upper, self.method = lower, upper, method
@@ -419,13 +542,14 @@ class PrivateKMeans:
       c, ev = dp_lloyd(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,
                        lower=self.lower, upper=self.upper, iterations=self.iterations,
                        count_fraction=self.count_fraction, init=self.init, clip=self.clip,
-                       neighbouring=self.neighbouring, accountant=self.accountant)
+                       neighbouring=self.neighbouring, accountant=self.accountant,
+                       noise=self.noise)
     else:
       c, ev = sample_aggregate_kmeans(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,
                                       lower=self.lower, upper=self.upper,
                                       num_blocks=self.num_blocks, iterations=self.iterations,
                                       clip=self.clip, neighbouring=self.neighbouring,
-                                      accountant=self.accountant)
+                                      accountant=self.accountant, noise=self.noise)
     self.cluster_centers_, self.event_ = c, ev
     return self
 

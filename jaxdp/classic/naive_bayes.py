@@ -6,7 +6,8 @@ Model (Eq. 24): ``argmax_c Pr(c) prod_j Pr(x_j | c)`` with categorical
 ``Pr(x_j = v | c)`` and Gaussian ``N(mu_cj, sigma_cj^2)`` features.
 
 What is released. Sufficient statistics, each a sum over records of a
-per-record contribution (see :mod:`jaxdp.classic._common`), with Laplace noise:
+per-record contribution (see :mod:`jaxdp.classic._common`), with (discrete, by
+default, or continuous) Laplace noise:
 
 * class counts ``n_c`` (Eq. 25): contribution ``e_y``, ``||.||_1 = 1``;
 * categorical counts ``n_{c, j, v}`` (Eq. 26): for every categorical feature
@@ -33,6 +34,35 @@ mechanism on the concatenated vector). Block ``b`` gets
 ``(1 + m_cat) epsilon`` (and replace-one doubles it); that is not what is
 spent here.
 
+Noise (``noise``, :mod:`jaxdp.classic._common`). ``"discrete"`` (default): the
+discrete Laplace mechanism on public grids (Canonne, Kamath & Steinke 2020,
+``CKS``, Algorithm 2), each block ``eps_b``-DP, so the fit is again
+``epsilon``-DP (basic composition), charged as one ``PureDpEvent(eps_b)`` per
+released block (:func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`):
+
+* class counts and categorical counts are integers on the grid ``1 Z``: integer
+  noise of scale ``t/s >= Delta_b/eps_b`` (``Delta_b`` = 1 or 2, and ``m_cat``
+  or ``2 m_cat``) is added exactly; the rounded sensitivity is ``Delta_b``
+  itself, so the scale is the continuous one;
+* the numeric block (sums of ``z`` and of ``z^2`` together, a vector of
+  ``2 C m_num`` numbers, ``Delta_num = 2 m_num`` or ``4 m_num``) is rounded to
+  the grid ``g Z`` and gets discrete Laplace noise of scale ``t/s >= K_1/eps_num``
+  grid steps, ``K_1 = ceil(Delta_num/g) + (c - 1)`` with ``c`` the coordinates a
+  record changes: ``c = 2 m_num`` (add/remove: its class row of sums and of
+  squares) or ``c = 4 m_num`` (replace-one: two class rows). ``g`` is the largest
+  power of two ``<= Delta_num/(c 2^10) = 2^-10``
+  (:func:`jaxdp.classic._common.sum_grid_step`; doubled only if the noise would
+  exceed ``2^19`` grid steps, i.e. when ``m_num/eps_num > 2^8`` under add/remove
+  or ``2^7`` under replace-one), so ``K_1 = 2^10 Delta_num + c - 1`` and the noise
+  scale in ``z`` units is ``K_1 g/eps_num < (1 + 2^-10) Delta_num/eps_num``. The
+  sums are at most ``n`` in absolute value, so ``n/g`` must stay below
+  ``2^30 - 64`` (``n`` below about ``10^6`` at ``g = 2^-10``), else ``ValueError``.
+
+Every released number then lies on ``g Z`` (counts on ``Z``): a support that does
+not depend on the data (``docs/sharp_edges.md``). ``"continuous"``: the float
+Laplace noise ``Lap(Delta_b/eps_b)`` (Dwork & Roth Thm. 3.6) and one
+``LaplaceDpEvent(1/eps_b)`` per block, as in earlier releases.
+
 Post-processing to probabilities: counts floored at 0 plus Laplace smoothing
 ``alpha`` (as scikit-learn's ``CategoricalNB``), class sizes floored at 1,
 variances clipped to ``[var_floor, 1]`` in ``z`` units (by default ``var_floor`` is the
@@ -42,7 +72,7 @@ noise level of each class's variance estimate, :func:`model_from_statistics`). W
 ``var_smoothing``).
 
 Floating point. The sums are accumulated in float64 (a scoped
-``jax.enable_x64``) and the float32 Laplace draws are added in float64; the
+``jax.enable_x64``) and the noise (integers, or float32 Laplace draws) is added in float64; the
 released statistics are float64. In float32 the rounding of sums over
 ``n = 2e5`` records made the same-key difference of two neighbouring releases
 exceed the sensitivity by about 0.1%; in float64 any summation order errs by at
@@ -66,6 +96,7 @@ from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.classic import _common
+from jaxdp.mechanisms import discrete
 from jaxdp.mechanisms import laplace_noise
 
 
@@ -88,11 +119,20 @@ class NaiveBayesModel(NamedTuple):
 
 
 class NaiveBayesCalibration(NamedTuple):
-  """Per-block sensitivities, epsilons and Laplace scales."""
+  """Per-block sensitivities, epsilons and noise scales (output units).
+
+  ``grid_steps`` (1, 1, ``g``) and ``changed`` (the coordinates of each block a
+  record changes, used in the rounded sensitivity of the numeric block) are
+  those of ``noise="discrete"``; ``scales`` are ``t/s`` times the grid step
+  there, ``Delta_b/eps_b`` for ``"continuous"``.
+  """
   sensitivities: tuple[float, float, float]   # (classes, categorical, numeric)
   epsilons: tuple[float, float, float]
   scales: tuple[float, float, float]
   neighbouring: str
+  noise: str = "continuous"
+  grid_steps: tuple[float, float, float] = (0.0, 0.0, 0.0)
+  changed: tuple[int, int, int] = (0, 0, 0)
 
 
 def _check_feature_count(value: Any, name: str) -> int:
@@ -104,11 +144,13 @@ def _check_feature_count(value: Any, name: str) -> int:
 
 def naive_bayes_calibration(*, num_cat: int, num_num: int, epsilon: float,
                             neighbouring: str = "replace_one",
-                            budget_split: Sequence[float] | None = None) -> NaiveBayesCalibration:
-  """Laplace scales of the three blocks (module docstring).
+                            budget_split: Sequence[float] | None = None,
+                            noise: str = "discrete") -> NaiveBayesCalibration:
+  """Noise scales of the three blocks (module docstring), ``noise`` as :func:`private_naive_bayes`.
 
   ``epsilon = inf`` gives zero scales (the non-private model).
   """
+  noise = _common.check_noise(noise)
   rel = _common.check_relation(neighbouring)
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   m_cat = _check_feature_count(num_cat, "num_cat")
@@ -126,17 +168,42 @@ def naive_bayes_calibration(*, num_cat: int, num_num: int, epsilon: float,
     raise ValueError(f"budget_split gives zero budget to a block that is released: {weights!r}.")
   total = sum(w for w, b in zip(weights, per_record) if b > 0)
   eps_b = tuple((eps * w / total if b > 0 else 0.0) for w, b in zip(weights, per_record))
-  scales = tuple((s / e if (b > 0 and math.isfinite(eps)) else 0.0)
-                 for s, e, b in zip(sens, eps_b, per_record))
-  return NaiveBayesCalibration(sens, eps_b, scales, rel)
+  released = tuple(b > 0 and math.isfinite(eps) for b in per_record)
+  two = 1 if rel == events.ADD_REMOVE else 2  # class rows a record touches
+  changed = (two, two * m_cat, two * 2 * m_num)
+  if noise == "continuous":
+    scales = tuple((s / e if r else 0.0) for s, e, r in zip(sens, eps_b, released))
+    return NaiveBayesCalibration(sens, eps_b, scales, rel, noise, (0.0, 0.0, 0.0), changed)
+  grid = (1.0, 1.0, _common.sum_grid_step(sens[2], eps_b[2], changed[2]) if released[2] else 0.0)
+  scales = []
+  for i, r in enumerate(released):
+    if not r:
+      scales.append(0.0)
+      continue
+    t, s = (_common.discrete_count_parameters(sens[i], eps_b[i]) if i < 2 else
+            discrete.discrete_laplace_scale(sens[i], eps_b[i], grid[i], changed[i]))
+    scales.append(t / s * grid[i])
+  return NaiveBayesCalibration(sens, eps_b, tuple(scales), rel, noise, grid, changed)
 
 
 def naive_bayes_event(cal: NaiveBayesCalibration) -> events.DpEvent:
-  """``ComposedDpEvent`` of one ``LaplaceDpEvent(1/epsilon_b)`` per released block."""
+  """``ComposedDpEvent`` of one event per released block.
+
+  ``noise="continuous"``: ``LaplaceDpEvent(1/epsilon_b)``; ``"discrete"``:
+  ``PureDpEvent(epsilon_b)`` (:func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`,
+  which also validates the grid parameters).
+  """
   if any(math.isinf(e) for e in cal.epsilons):
     return events.NonPrivateDpEvent()
-  leaves = [events.LaplaceDpEvent(noise_multiplier=sc / s, neighbouring=cal.neighbouring)
-            for s, sc, e in zip(cal.sensitivities, cal.scales, cal.epsilons) if e > 0]
+  if cal.noise == "discrete":
+    # Counts: changed=1 in the rounded sensitivity (integers, no rounding: module docstring).
+    leaves = [discrete.discrete_laplace_mechanism_event(
+        s, e, g, max_changed_coordinates=(1 if i < 2 else c), neighbouring=cal.neighbouring)
+              for i, (s, e, g, c) in enumerate(zip(cal.sensitivities, cal.epsilons,
+                                                   cal.grid_steps, cal.changed)) if e > 0]
+  else:
+    leaves = [events.LaplaceDpEvent(noise_multiplier=sc / s, neighbouring=cal.neighbouring)
+              for s, sc, e in zip(cal.sensitivities, cal.scales, cal.epsilons) if e > 0]
   return leaves[0] if len(leaves) == 1 else events.ComposedDpEvent(leaves)
 
 
@@ -150,6 +217,28 @@ def exact_statistics(y, x_cat, z, *, num_classes: int, k_max: int) -> NaiveBayes
   num_sums = onehot_y.T @ z
   num_squares = onehot_y.T @ (z * z)
   return NaiveBayesStats(class_counts, cat_counts, num_sums, num_squares)
+
+
+def _perturb_discrete(key, stats: NaiveBayesStats, cal: NaiveBayesCalibration) -> NaiveBayesStats:
+  """The discrete release (module docstring): exact integer noise on the counts, the numeric
+  block (sums and squares together) on the grid ``g Z`` by the discrete Laplace mechanism."""
+  k1, k2, k3, _ = jax.random.split(key, 4)
+  sens, eps, grid, changed = cal.sensitivities, cal.epsilons, cal.grid_steps, cal.changed
+
+  def counts(k, value, i):
+    if not eps[i] > 0:
+      return value
+    t, s = _common.discrete_count_parameters(sens[i], eps[i])
+    return value + discrete.discrete_laplace_noise(k, value.shape, t, s).astype(value.dtype)
+
+  sums, squares = stats.num_sums, stats.num_squares
+  if eps[2] > 0:
+    both = discrete.discrete_laplace_mechanism(
+        k3, jnp.stack([sums, squares]), sens[2], eps[2], grid[2],
+        max_changed_coordinates=changed[2])
+    sums, squares = both[0], both[1]
+  return NaiveBayesStats(counts(k1, stats.class_counts, 0), counts(k2, stats.cat_counts, 1),
+                         sums, squares)
 
 
 def _perturb(key, stats: NaiveBayesStats, scales) -> NaiveBayesStats:
@@ -262,7 +351,8 @@ def private_naive_bayes(key: jax.Array, x_cat: Any, x_num: Any, y: Any, *, num_c
                         neighbouring: str = "replace_one",
                         budget_split: Sequence[float] | None = None,
                         alpha: float = 1.0, var_floor: float | None = None,
-                        accountant: Any = None) -> tuple[NaiveBayesModel, NaiveBayesStats, events.DpEvent]:
+                        accountant: Any = None,
+                        noise: str = "discrete") -> tuple[NaiveBayesModel, NaiveBayesStats, events.DpEvent]:
   """Fits an ``epsilon``-DP naive Bayes model (module docstring).
 
   Args:
@@ -280,16 +370,23 @@ def private_naive_bayes(key: jax.Array, x_cat: Any, x_num: Any, y: Any, *, num_c
     alpha, var_floor: post-processing smoothing (``var_floor=None``: at the noise level,
       :func:`model_from_statistics`).
     accountant: optional accountant/budget; the event is spent before release.
+    noise: ``"discrete"`` (default: discrete Laplace on public grids, every released
+      number on ``g Z``) or ``"continuous"`` (float Laplace); module docstring.
 
   Returns:
     ``(model, noisy_stats, event)``.
   """
   _validation.check_key(key)
+  noise = _common.check_noise(noise)
   xc, xn, yy, kc, lo, hi, c = _prepare(x_cat, x_num, y, num_classes=num_classes,
                                         num_categories=num_categories, lower=lower,
                                         upper=upper, clip=clip)
   cal = naive_bayes_calibration(num_cat=xc.shape[1], num_num=xn.shape[1], epsilon=epsilon,
-                                neighbouring=neighbouring, budget_split=budget_split)
+                                neighbouring=neighbouring, budget_split=budget_split,
+                                noise=noise)
+  if noise == "discrete" and 0 < cal.epsilons[2] < math.inf:
+    _common.check_grid_range(float(xn.shape[0]), cal.grid_steps[2],
+                             "a per-class sum of z or z^2 (at most n)")
   event = naive_bayes_event(cal)
   _common.spend(accountant, event)
   k_max = int(kc.max()) if kc.size else 1
@@ -297,7 +394,11 @@ def private_naive_bayes(key: jax.Array, x_cat: Any, x_num: Any, y: Any, *, num_c
   with jax.enable_x64(True):  # float64 sums (module docstring, "Floating point")
     stats = exact_statistics(jnp.asarray(yy, jnp.int32), jnp.asarray(xc, jnp.int32),
                              jnp.asarray(z, jnp.float64), num_classes=c, k_max=k_max)
-    noisy = NaiveBayesStats(*(np.asarray(a, np.float64) for a in _perturb(key, stats, cal.scales)))
+    if noise == "discrete" and math.isfinite(cal.epsilons[0]):
+      released = _perturb_discrete(key, stats, cal)
+    else:
+      released = _perturb(key, stats, cal.scales)
+    noisy = NaiveBayesStats(*(np.asarray(a, np.float64) for a in released))
   model = model_from_statistics(noisy, jnp.asarray(kc, jnp.int32), lo, hi, alpha=alpha,
                                 var_floor=var_floor, sum_scale=float(cal.scales[2]))
   return model, noisy, event
@@ -309,7 +410,8 @@ class PrivateNaiveBayes:
   ``fit(x, y)`` takes one array whose columns ``categorical_features`` are
   integer codes (``num_categories`` values each) and whose other columns are
   continuous within ``[lower, upper]``. Each fit spends its event on
-  ``accountant`` before releasing anything.
+  ``accountant`` before releasing anything. ``noise``: ``"discrete"`` (default)
+  or ``"continuous"``, as :func:`private_naive_bayes`.
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
@@ -320,9 +422,11 @@ class PrivateNaiveBayes:
                num_categories: Any = None, lower: Any = None, upper: Any = None,
                clip: bool = False, neighbouring: str = "replace_one",
                budget_split: Sequence[float] | None = None, alpha: float = 1.0,
-               var_floor: float | None = None, accountant: Any = None, seed: Any = None):
+               var_floor: float | None = None, accountant: Any = None, seed: Any = None,
+               noise: str = "discrete"):
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
     self.num_classes = _validation.check_positive_int(num_classes, "num_classes")
+    self.noise = _common.check_noise(noise)
     self.categorical_features = tuple(int(j) for j in categorical_features)
     self.num_categories = num_categories
     self.lower, self.upper, self.clip = lower, upper, clip
@@ -350,7 +454,7 @@ class PrivateNaiveBayes:
         key, x_cat, x_num, y, num_classes=self.num_classes, epsilon=self.epsilon,
         num_categories=self.num_categories, lower=self.lower, upper=self.upper, clip=self.clip,
         neighbouring=self.neighbouring, budget_split=self.budget_split, alpha=self.alpha,
-        var_floor=self.var_floor, accountant=self.accountant)
+        var_floor=self.var_floor, accountant=self.accountant, noise=self.noise)
     self.model_, self.event_ = model, event
     self.classes_ = np.arange(self.num_classes)
     return self

@@ -41,8 +41,22 @@ Budget across trees — two modes, say which (``tree_budget``):
   ``B = 1`` and every count gets ``Lap(1/epsilon)`` (add/remove) or
   ``Lap(2/epsilon)`` (replace-one); each tree sees about ``n/N`` records.
 
-Either way the whole ensemble is one ``LaplaceDpEvent(1/epsilon)`` (an
-``epsilon``-DP Laplace mechanism on a sum). The trees are vmapped.
+Either way the whole ensemble is one ``epsilon``-DP Laplace mechanism on a sum
+of per-record contributions with L1 sensitivity ``Delta`` (an integer).
+
+Noise (``noise``, :mod:`jaxdp.classic._common`). ``"discrete"`` (default): the
+leaf counts are integers, on the public grid ``1 Z`` already, and get integer
+discrete Laplace noise of scale ``t/s >= Delta/epsilon`` (Canonne, Kamath &
+Steinke 2020, Algorithm 2): no rounding happens, so the rounded L1 sensitivity
+is ``Delta`` itself (``K_1 = ceil(Delta/1)``, the ``+ (c - 1)`` of the rounding
+bound does not arise although a replaced record changes up to ``2N`` cells) and
+the pmf ratio on neighbours is at most ``exp(Delta s/t) <= e^epsilon``: the
+release is ``epsilon``-DP with the same scale as the continuous one, charged as
+``PureDpEvent(epsilon)`` (:func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`).
+The counts are accumulated in int32 and released as the float32 of the integer
+``count + z`` (a data-independent set of values). ``"continuous"``: float
+``Lap(Delta/epsilon)`` noise and ``LaplaceDpEvent(1/epsilon)``, as in earlier
+releases. The trees are vmapped.
 """
 
 from __future__ import annotations
@@ -59,6 +73,7 @@ from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.classic import _common
+from jaxdp.mechanisms import discrete
 from jaxdp.mechanisms import laplace_noise
 
 TREE_BUDGETS = ("split", "disjoint")
@@ -70,23 +85,52 @@ class RandomTrees(NamedTuple):
   counts: jax.Array       # (N, 2^h, C) noisy leaf counts
 
 
-def random_trees_scale(*, num_trees: int, epsilon: float, tree_budget: str = "disjoint",
-                       neighbouring: str = "replace_one") -> float:
-  """Laplace scale of every leaf count (module docstring); 0 for ``epsilon = inf``."""
+def _count_sensitivity(num_trees: int, tree_budget: str, neighbouring: str) -> float:
   n_trees = _validation.check_positive_int(num_trees, "num_trees")
   if tree_budget not in TREE_BUDGETS:
     raise ValueError(f"tree_budget must be one of {TREE_BUDGETS}, got {tree_budget!r}.")
-  eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   per_record = float(n_trees) if tree_budget == "split" else 1.0
-  sens = _common.sum_sensitivity(per_record, neighbouring)
-  return 0.0 if math.isinf(eps) else sens / eps
+  return _common.sum_sensitivity(per_record, neighbouring)
 
 
-def random_trees_event(epsilon: float, neighbouring: str = "replace_one") -> events.DpEvent:
+def random_trees_noise_parameters(*, num_trees: int, epsilon: float,
+                                  tree_budget: str = "disjoint",
+                                  neighbouring: str = "replace_one") -> tuple[int, int]:
+  """``(t, s)`` of the discrete Laplace leaf noise, ``t/s >= Delta/epsilon`` (module docstring)."""
+  sens = _count_sensitivity(num_trees, tree_budget, neighbouring)
+  eps = _validation.check_epsilon(epsilon, "epsilon")
+  return _common.discrete_count_parameters(sens, eps)
+
+
+def random_trees_scale(*, num_trees: int, epsilon: float, tree_budget: str = "disjoint",
+                       neighbouring: str = "replace_one", noise: str = "discrete") -> float:
+  """Noise scale of every leaf count (module docstring); 0 for ``epsilon = inf``.
+
+  ``"continuous"``: ``Delta/epsilon``; ``"discrete"``: ``t/s`` of
+  :func:`random_trees_noise_parameters` (``>= Delta/epsilon``, within ``2^-20``).
+  """
+  noise = _common.check_noise(noise)
+  sens = _count_sensitivity(num_trees, tree_budget, neighbouring)
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   if math.isinf(eps):
+    return 0.0
+  if noise == "continuous":
+    return sens / eps
+  t, s = _common.discrete_count_parameters(sens, eps)
+  return t / s
+
+
+def random_trees_event(epsilon: float, neighbouring: str = "replace_one",
+                       noise: str = "discrete") -> events.DpEvent:
+  """``PureDpEvent(epsilon)`` (``noise="discrete"``) or ``LaplaceDpEvent(1/epsilon)``."""
+  noise = _common.check_noise(noise)
+  eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+  rel = _common.check_relation(neighbouring)
+  if math.isinf(eps):
     return events.NonPrivateDpEvent()
-  return events.LaplaceDpEvent(noise_multiplier=1.0 / eps, neighbouring=_common.check_relation(neighbouring))
+  if noise == "discrete":
+    return events.PureDpEvent(eps, neighbouring=rel)
+  return events.LaplaceDpEvent(noise_multiplier=1.0 / eps, neighbouring=rel)
 
 
 def leaf_index(x, features, thresholds, depth: int):
@@ -116,16 +160,21 @@ def _random_structure(key, num_trees, depth, lo, hi):
   return feats, lo[feats] + u * (hi - lo)[feats]
 
 
-@functools.partial(jax.jit, static_argnames=("num_trees", "depth", "num_classes", "disjoint", "scale"))
-def _fit_core(key, x, y, lo, hi, *, num_trees, depth, num_classes, disjoint, scale):
+@functools.partial(jax.jit, static_argnames=("num_trees", "depth", "num_classes", "disjoint",
+                                             "scale", "discrete_ts"))
+def _fit_core(key, x, y, lo, hi, *, num_trees, depth, num_classes, disjoint, scale,
+              discrete_ts=None):
+  """Random trees and noisy leaf counts: float ``Lap(scale)`` noise, or (``discrete_ts``
+  = ``(t, s)``) int32 counts plus discrete Laplace integers, released as float32."""
   k_struct, k_assign, k_noise = jax.random.split(key, 3)
   feats, thr = _random_structure(k_struct, num_trees, depth, lo, hi)
-  onehot_y = jax.nn.one_hot(y, num_classes, dtype=x.dtype)                      # (n, C)
+  cdtype = x.dtype if discrete_ts is None else jnp.int32  # exact integer counts when discrete
+  onehot_y = jax.nn.one_hot(y, num_classes, dtype=cdtype)                       # (n, C)
   if disjoint:
     owner = jax.random.randint(k_assign, (x.shape[0],), 0, num_trees)
-    weights = jax.nn.one_hot(owner, num_trees, dtype=x.dtype).T                # (N, n)
+    weights = jax.nn.one_hot(owner, num_trees, dtype=cdtype).T                 # (N, n)
   else:
-    weights = jnp.ones((num_trees, x.shape[0]), x.dtype)
+    weights = jnp.ones((num_trees, x.shape[0]), cdtype)
 
   def one_tree(f, t, w):
     # Leaf-by-class counts as a segment sum over the rows' leaf indices: memory O(n C + L C)
@@ -134,6 +183,9 @@ def _fit_core(key, x, y, lo, hi, *, num_trees, depth, num_classes, disjoint, sca
                                num_segments=2 ** depth)                        # (L, C)
 
   counts = jax.vmap(one_tree)(feats, thr, weights)
+  if discrete_ts is not None:
+    z = discrete.discrete_laplace_noise(k_noise, counts.shape, *discrete_ts)
+    return RandomTrees(feats, thr, (counts + z).astype(x.dtype))
   return RandomTrees(feats, thr, counts + laplace_noise(k_noise, counts.shape, scale, x.dtype))
 
 
@@ -172,8 +224,8 @@ def predict_scores(trees: RandomTrees, x, depth: int, smoothing: float = 1.0,
 def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, epsilon: float,
                          lower: Any, upper: Any, num_trees: int = 10, depth: int = 5,
                          tree_budget: str = "disjoint", clip: bool = False,
-                         neighbouring: str = "replace_one",
-                         accountant: Any = None) -> tuple[RandomTrees, events.DpEvent]:
+                         neighbouring: str = "replace_one", accountant: Any = None,
+                         noise: str = "discrete") -> tuple[RandomTrees, events.DpEvent]:
   """An ``epsilon``-DP ensemble of random decision trees (module docstring).
 
   Args:
@@ -189,8 +241,11 @@ def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, ep
     clip: clip out-of-bound values instead of raising.
     neighbouring: ``"replace_one"`` or ``"add_remove"``.
     accountant: optional accountant/budget, spent before release.
+    noise: ``"discrete"`` (default: integer leaf counts plus discrete Laplace integers) or
+      ``"continuous"`` (float Laplace); module docstring.
   """
   _validation.check_key(key)
+  noise = _common.check_noise(noise)
   arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
   c = _validation.check_positive_int(num_classes, "num_classes")
   yy = _common.check_labels(y, c, arr.shape[0])
@@ -198,18 +253,25 @@ def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, ep
   if h > 20:
     raise ValueError(f"depth must be <= 20 (2^depth leaves per tree), got {h}.")
   scale = random_trees_scale(num_trees=num_trees, epsilon=epsilon, tree_budget=tree_budget,
-                             neighbouring=neighbouring)
-  event = random_trees_event(epsilon, neighbouring)
+                             neighbouring=neighbouring, noise=noise)
+  discrete_ts = None
+  if noise == "discrete" and scale > 0:
+    discrete_ts = random_trees_noise_parameters(num_trees=num_trees, epsilon=epsilon,
+                                                tree_budget=tree_budget, neighbouring=neighbouring)
+  event = random_trees_event(epsilon, neighbouring, noise)
   _common.spend(accountant, event)
   trees = _fit_core(key, jnp.asarray(arr, jnp.float32), jnp.asarray(yy, jnp.int32),
                     jnp.asarray(lo, jnp.float32), jnp.asarray(hi, jnp.float32),
                     num_trees=int(num_trees), depth=h, num_classes=c,
-                    disjoint=tree_budget == "disjoint", scale=float(scale))
+                    disjoint=tree_budget == "disjoint", scale=float(scale),
+                    discrete_ts=discrete_ts)
   return trees, event
 
 
 class PrivateRandomTrees:
   """scikit-learn-like private random decision tree ensemble.
+
+  ``noise``: ``"discrete"`` (default) or ``"continuous"``, as :func:`private_random_trees`.
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
@@ -219,8 +281,9 @@ class PrivateRandomTrees:
   def __init__(self, *, epsilon: float, num_classes: int, lower: Any = None, upper: Any = None,
                n_estimators: int = 10, depth: int = 5, tree_budget: str = "disjoint",
                clip: bool = False, neighbouring: str = "replace_one", accountant: Any = None,
-               seed: Any = None, combine: str = "product"):
+               seed: Any = None, combine: str = "product", noise: str = "discrete"):
     self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+    self.noise = _common.check_noise(noise)
     self.num_classes = _validation.check_positive_int(num_classes, "num_classes")
     self.lower, self.upper, self.clip = lower, upper, clip
     self.n_estimators, self.depth, self.tree_budget = n_estimators, depth, tree_budget
@@ -237,7 +300,7 @@ class PrivateRandomTrees:
         key, x, y, num_classes=self.num_classes, epsilon=self.epsilon, lower=self.lower,
         upper=self.upper, num_trees=self.n_estimators, depth=self.depth,
         tree_budget=self.tree_budget, clip=self.clip, neighbouring=self.neighbouring,
-        accountant=self.accountant)
+        accountant=self.accountant, noise=self.noise)
     self.classes_ = np.arange(self.num_classes)
     return self
 

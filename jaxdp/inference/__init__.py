@@ -7,19 +7,19 @@ Huberized SVM (Lemmas 2-5), and private confidence intervals for objective pertu
 
 Release points (they spend on an accountant or describe their DpEvent): :func:`confidence_intervals`,
 :func:`confidence_intervals_batched` (``M`` keys = ``M`` releases) and :func:`priv_spd_matrix`
-(event: :func:`priv_spd_matrix_event`). NOT private, exact functions of their inputs, for
-building and testing private pipelines only: :func:`newton_minimize` (the exact minimiser),
-:func:`hessian`, :func:`gradient_covariance` and :func:`loss_derivatives` (Eqs. 4.2-4.3); their
-outputs on private data must be released through PrivSPDMat or an equivalent mechanism.
+(event: :func:`priv_spd_matrix_event`). The exact, NOT private statistics they are built
+from (the ERM minimiser, the Hessian and the gradient covariance, Eqs. 3.1, 4.2-4.3) live
+under :mod:`jaxdp.inference.nonprivate`, a name that says what they are: their outputs on
+private data must be released through PrivSPDMat or an equivalent mechanism.
 """
 
 from jaxdp.inference.intervals import (
     FLOORS, PERTURBATIONS, PRIVACY, TABLE2_FRACTIONS, BudgetSplit, Calibration,
     ConfidenceIntervals, budget_split, calibrate, confidence_intervals,
     confidence_intervals_batched)
-from jaxdp.inference.newton import NewtonResult, newton_minimize
+from jaxdp.inference import nonprivate
 from jaxdp.inference.sensitivities import (
-    as_signed_labels, covariance_sensitivity, gradient_covariance, hessian, hessian_sensitivity,
+    as_signed_labels, covariance_sensitivity, hessian_sensitivity,
     huber_covariance_sensitivity, huber_hessian_sensitivity, logistic_covariance_sensitivity,
     logistic_hessian_sensitivity, loss_derivatives)
 from jaxdp.inference.spd_release import (
@@ -28,8 +28,8 @@ from jaxdp.inference.spd_release import (
 __all__ = [
     "FLOORS", "PERTURBATIONS", "PRIVACY", "TABLE2_FRACTIONS", "BudgetSplit", "Calibration",
     "ConfidenceIntervals", "budget_split", "calibrate", "confidence_intervals",
-    "confidence_intervals_batched", "NewtonResult", "newton_minimize", "as_signed_labels",
-    "covariance_sensitivity", "gradient_covariance", "hessian", "hessian_sensitivity",
+    "confidence_intervals_batched", "as_signed_labels", "covariance_sensitivity",
+    "hessian_sensitivity", "nonprivate",
     "huber_covariance_sensitivity", "huber_hessian_sensitivity",
     "logistic_covariance_sensitivity", "logistic_hessian_sensitivity", "loss_derivatives",
     "priv_spd_matrix", "priv_spd_matrix_event", "spd_noise", "symmetrize_and_floor",

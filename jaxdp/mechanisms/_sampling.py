@@ -84,6 +84,7 @@ two halves of the Box-Muller pairs are joined along an array axis (see
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -199,8 +200,24 @@ def laplace_from_words(words: Sequence[jax.Array], dtype: Any) -> jax.Array:
   return jnp.where((a >> 31) == 1, magnitude, -magnitude)
 
 
+def _static(shape: Sequence[int], dtype: Any) -> tuple[tuple[int, ...], Any]:
+  """Hashable ``(shape, dtype)`` for the jitted samplers' static arguments."""
+  return tuple(int(d) for d in shape), jnp.dtype(dtype)
+
+
+# The samplers below are jitted with static shape and dtype: called eagerly, the
+# ~100 primitives of one draw would otherwise be compiled and dispatched one by
+# one for every new shape (seconds per shape on CPU); under an outer jit/vmap the
+# inner jit is inlined, so traced callers see the same computation.
+
+
 def standard_laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   """``Lap(1)`` (density ``e^{-|x|}/2``) as ``sign * Exp(1)``, ``|x| <= 127 ln 2 = 88.03``."""
+  return _standard_laplace(key, *_static(shape, dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _standard_laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   cdt = _compute_dtype(dtype)
   return laplace_from_words(_four_words(key, shape), cdt).astype(dtype)
 
@@ -294,6 +311,11 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.A
   fused and costs twice as much). Otherwise (odd size) ``ceil(size/2)`` word
   pairs give a flat cosine half followed by the first ``floor(size/2)`` sines.
   """
+  return _standard_normal(key, *_static(shape, dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype"))
+def _standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   cdt = _compute_dtype(dtype)
   shape = tuple(int(d) for d in shape)
   # prefer an axis whose half is even too: the counter array is then even-length without a slice
@@ -320,6 +342,11 @@ def standard_gamma_integer(key: jax.Array, dim: int, dtype: Any) -> jax.Array:
   128-bit uniform (cut at ``128 ln 2 = 88.7``, cut-off mass ``2^-128`` per
   summand).
   """
+  return _standard_gamma_integer(key, int(dim), jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnames=("dim", "dtype"))
+def _standard_gamma_integer(key: jax.Array, dim: int, dtype: Any) -> jax.Array:
   cdt = _compute_dtype(dtype)
   words = _four_words(key, (dim,))
   exps = exponential_from_words([(w, 32) for w in words], cdt)

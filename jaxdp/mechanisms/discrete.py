@@ -73,9 +73,11 @@ grid units squared (``sigma <= 181`` steps); a coarser ``grid_step`` fixes a
 finer than the answer's accuracy anyway).
 
 All samplers are jittable and vmappable over keys: each coordinate runs one
-flat ``lax.while_loop`` (a state machine over the steps of Algorithms 1-3
-that reads one 32-bit word per step; expected ``O(1)`` steps, CKS Section 5)
-on its own key; privacy parameters and ``grid_step`` are static. Uniform
+flat state machine over the steps of Algorithms 1-3 that reads one 32-bit
+word per step from its own key's stream (expected ``O(1)`` steps, CKS Section
+5); the coordinates are worked through as a queue by a fixed set of lanes
+(see ``_run_queue``: every draw equals the one its own ``lax.while_loop``
+returns); privacy parameters and ``grid_step`` are static. Uniform
 integers in ``[0, m)`` are ``w mod m`` for a word ``w`` below the largest
 multiple of ``m`` (a rejected word is redrawn), and ``Bernoulli(a/b)`` is
 ``U_b < a``: exact.
@@ -153,10 +155,16 @@ def _start_alg1(state, a, b, ret):
               k=_U32(1), ret=jnp.int32(ret))
 
 
-def _sampler_one(key, t: int, s: int, c_mid: Optional[int]):
-  """One exact draw: discrete Laplace of scale ``t/s`` (``c_mid`` None) or the discrete
-  Gaussian of variance ``t c_mid`` (CKS Algorithm 3 with the Algorithm 2 proposal of
-  scale ``t``, ``s = 1``), as int32."""
+def _machine(t: int, s: int, c_mid: Optional[int]):
+  """The state machine of one exact draw: ``(init, step)``.
+
+  Discrete Laplace of scale ``t/s`` (``c_mid`` None) or the discrete Gaussian
+  of variance ``t c_mid`` (CKS Algorithm 3 with the Algorithm 2 proposal of
+  scale ``t``, ``s = 1``). ``step(key, state)`` reads word ``state["counter"]``
+  of the key's stream and advances one step; the draw is ``state["z"]`` (int32)
+  once ``state["phase"] == _DONE``. A step on a finished state only advances
+  the counter (no phase matches), so extra steps never change ``z``.
+  """
   v_max = _MAX_ABS_GRID_INDEX // t - 1
   tt, ss = _U32(t), _U32(s)
   threshold_t = _rejection_threshold(tt)
@@ -188,7 +196,7 @@ def _sampler_one(key, t: int, s: int, c_mid: Optional[int]):
       out = _select(ret == _RET_FRACTION, fraction, out)
     return out
 
-  def step(state):
+  def step(key, state):
     w, counter = _word(key, state["counter"])
     state = dict(state, counter=counter)
     phase = state["phase"]
@@ -233,28 +241,83 @@ def _sampler_one(key, t: int, s: int, c_mid: Optional[int]):
   init = dict(phase=jnp.int32(_PROPOSE), counter=_U32(0), u=_U32(0), v=_U32(0), a=_U32(0),
               b=_U32(1), k=_U32(1), ret=jnp.int32(0), z=jnp.int32(0), whole=_U32(0),
               frac=_U32(0), i=_U32(0))
-  final = jax.lax.while_loop(lambda st: st["phase"] != _DONE, step, init)
+  return init, step
+
+
+def _sampler_one(key, t: int, s: int, c_mid: Optional[int]):
+  """One exact draw (see :func:`_machine`) by its own ``while_loop``, as int32.
+
+  The reference semantics of :func:`_run_queue`, which returns the same
+  integers for the same keys."""
+  init, step = _machine(t, s, c_mid)
+  final = jax.lax.while_loop(lambda st: st["phase"] != _DONE,
+                             functools.partial(step, key), init)
   return final["z"]
 
 
-def _per_coordinate(one, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+# ------------------------------------------------------------------ many draws: a work queue
+# Under vmap a while_loop runs every lane until the slowest of them finishes, so
+# n draws cost n * (max steps over n lanes): the maximum of n geometric-tailed
+# step counts grows like log n (for the discrete Gaussian at n = 10^5 it is
+# several times the mean). Instead w <= n lanes (w = max(n/16, 256), at most n)
+# work through the n coordinates as a queue: each iteration steps every lane
+# once; a lane whose draw is done writes it to its coordinate's slot and
+# restarts from the initial state on the next unstarted coordinate (its key
+# gathered by index); lanes idle once the queue is empty. Each coordinate still
+# reads its own stream word by word through the same state machine from the same
+# initial state, only in another lane, so every draw is the integer
+# _sampler_one returns for its key (tests/mechanisms/test_discrete_mechanisms.py
+# checks equality): the law is unchanged. The cost is about n (mean steps) + w
+# (max steps) lane-steps instead of n (max steps), and one copy of the step in
+# the compiled program, as before.
+
+_QUEUE_SHRINK = 16
+_MIN_LANES = 256
+
+
+def _run_queue(keys: jax.Array, t: int, s: int, c_mid: Optional[int]) -> jax.Array:
+  """``_sampler_one(keys[i], t, s, c_mid)`` for every ``i`` (int32 of ``keys.shape[:1]``)."""
+  init, step = _machine(t, s, c_mid)
+  vstep = jax.vmap(step)
+  n = keys.shape[0]
+  w = min(n, max(_MIN_LANES, n // _QUEUE_SHRINK))
+  fresh = jax.tree_util.tree_map(lambda x: jnp.broadcast_to(x, (w,)), init)
+
+  def body(carry):
+    state, idx, nxt, out = carry
+    state = vstep(keys[jnp.minimum(idx, n - 1)], state)
+    done = (state["phase"] == _DONE) & (idx < n)
+    out = out.at[jnp.where(done, idx, n)].set(state["z"], mode="drop")
+    new_idx = jnp.where(done, nxt + jnp.cumsum(done, dtype=jnp.int32) - 1, idx)  # int32 under x64 too
+    refill = done & (new_idx < n)
+    state = _select(refill, fresh, state)
+    return state, new_idx, nxt + jnp.sum(done, dtype=jnp.int32), out
+
+  carry = (fresh, jnp.arange(w, dtype=jnp.int32), jnp.int32(w), jnp.zeros((n,), jnp.int32))
+  carry = jax.lax.while_loop(lambda c: jnp.any(c[0]["phase"] != _DONE), body, carry)
+  return carry[3]
+
+
+def _per_coordinate(key: jax.Array, shape: tuple[int, ...], t: int, s: int,
+                    c_mid: Optional[int]) -> jax.Array:
   size = _common.shape_size(shape)
   keys = jax.random.split(key, max(size, 1))[:size]
   if _sampling._is_threefry_key(key):
     keys = (jax.random.key_data(keys) if jnp.issubdtype(keys.dtype, jax.dtypes.prng_key)
             else keys).astype(_U32)
-  draws = jax.vmap(one)(keys)
-  return draws.reshape(shape)
+  if size == 0:
+    return jnp.zeros(shape, jnp.int32)
+  return _run_queue(keys, t, s, c_mid).reshape(shape)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "t", "s"))
 def _laplace_draws(key, shape, t, s):
-  return _per_coordinate(lambda k: _sampler_one(k, t, s, None), key, shape)
+  return _per_coordinate(key, shape, t, s, None)
 
 
 @functools.partial(jax.jit, static_argnames=("shape", "t", "c"))
 def _gaussian_draws(key, shape, t, c):
-  return _per_coordinate(lambda k: _sampler_one(k, t, 1, c), key, shape)
+  return _per_coordinate(key, shape, t, 1, c)
 
 
 # ------------------------------------------------------------------ raw samplers
@@ -367,7 +430,8 @@ def discrete_gaussian_variance(l2_sensitivity: float, rho: float, grid_step: flo
                                changed: int = 1) -> tuple[int, int]:
   """``(t, c)`` with ``n = t c >= K_2^2/(2 rho)`` (grid units squared), ``t`` near ``sigma``.
 
-  Among ``t`` in ``[sigma/2, 2 sigma + 1]`` picks the smallest ``n = t ceil(sigma^2/t)``;
+  Among ``t`` in ``[sigma/2, 2 sigma + 1]`` picks the smallest ``n = t ceil(sigma^2/t)``
+  (ties: ``t`` nearest ``sigma``, the proposal scale with the fewest expected rejections);
   the discrete Gaussian of variance parameter ``n`` is ``K_2^2/(2n) <= rho``-zCDP
   (CKS Theorem 4).
 
@@ -390,7 +454,8 @@ def discrete_gaussian_variance(l2_sensitivity: float, rho: float, grid_step: flo
   best = None
   for t in range(max(1, int(sigma // 2)), int(2 * sigma) + 2):
     c = max(1, math.ceil(target / t))
-    if best is None or t * c < best[0] * best[1]:
+    # smallest variance n = t c; among equal n, t nearest sigma (fewest expected proposals)
+    if best is None or (t * c, abs(t - sigma)) < (best[0] * best[1], abs(best[0] - sigma)):
       best = (t, c)
   t, c = best
   if t * c > MAX_GAUSSIAN_VARIANCE:

@@ -19,7 +19,7 @@ remaining budget of its training set and enforces it:
 * Spending is committed before any answer is released. With ``state_path``
   the answered count lives in a JSON state file, and every batch *reserves*
   its queries there by a locked compare-and-increment
-  (:func:`jaxdp._durable.locked_update`: ``flock`` on ``<state_path>.lock``,
+  (:func:`jaxdp._durable.locked_update`: ``flock`` on a hidden ``.<name>.lock`` beside ``state_path``,
   atomic fsync'd replace) before any noise is drawn: read the count ``n``,
   refuse if ``n + M > B``, spend the shared ``PrivacyBudget``, write
   ``n + M``, release the lock, then answer with query indices
@@ -567,8 +567,11 @@ class _VotingPredictor(PrivatePredictor):
       self._fitting_shapes.add(shape_dtype)
     return arr
 
-  def votes(self, x: Any) -> jax.Array:
-    """The private vote histograms (never release them)."""
+  def nonprivate_votes(self, x: Any) -> jax.Array:
+    """The teachers' exact vote histograms on ``x``: NOT private, never release them.
+
+    For testing and debugging only; the private answers are :meth:`predict`'s labels.
+    """
     return self._vote_fn(self.teacher_params, jnp.asarray(x))
 
 

@@ -1,6 +1,6 @@
 from jaxdp.training import dpsgd
 from jaxdp.training import estimators, functional_mechanism, lbfgs, linear, linear_losses
-from jaxdp.training import objective_perturbation, output_perturbation
+from jaxdp.training import objective_perturbation, output_perturbation, selection
 from jaxdp.training.estimators import PrivateLinearClassifier, PrivateLogisticRegression
 from jaxdp.training.functional_mechanism import functional_mechanism as functional_mechanism_fit
 from jaxdp.training.lbfgs import SolverInfo, minimize_lbfgs
@@ -26,3 +26,4 @@ from jaxdp.training.output_perturbation import (
     output_perturbation_calibration,
 )
 from jaxdp.training.output_perturbation import output_perturbation as output_perturbation_fit
+from jaxdp.training.selection import private_argmax, private_argmax_event

@@ -85,8 +85,11 @@ def test_difference_of_two_default_releases_is_not_the_exact_change():
   """
   y2 = _Y.copy()
   y2[0] = 1                                                    # replace-one neighbour
-  # epsilon = 10: Laplace scale 0.6 on counts of about 10, never floored at 0.
-  a, b = (nb.PrivateNaiveBayes(epsilon=10.0, num_classes=3, lower=0, upper=1) for _ in range(2))
+  # epsilon = 10: Laplace scale 0.6 on counts of about 10, never floored at 0. Continuous
+  # noise: the discrete default draws the integer 0 with probability (1 - q)/(1 + q) = 0.68
+  # (q = e^(-1/0.6)), so two fresh releases would tie by chance in about 1 run in 10.
+  a, b = (nb.PrivateNaiveBayes(epsilon=10.0, num_classes=3, lower=0, upper=1,
+                               noise="continuous") for _ in range(2))
   pa = np.exp(np.asarray(_fit(a, _X, _Y).model_.log_prior, np.float64))
   pb = np.exp(np.asarray(_fit(b, _X, y2).model_.log_prior, np.float64))
   assert abs(pa[2] - pb[2]) > 1e-5

@@ -15,7 +15,13 @@ from jaxdp.errors import BudgetExceededError
 
 @pytest.mark.parametrize("rel,factor", [("add_remove", 1.0), ("replace_one", 2.0)])
 def test_calibration_matches_formulas(rel, factor):
-  cal = nb.naive_bayes_calibration(num_cat=3, num_num=2, epsilon=2.0, neighbouring=rel)
+  cal = nb.naive_bayes_calibration(num_cat=3, num_num=2, epsilon=2.0, neighbouring=rel,
+                                   noise="continuous")
+  disc = nb.naive_bayes_calibration(num_cat=3, num_num=2, epsilon=2.0, neighbouring=rel)
+  # discrete default: same sensitivities and epsilons, scales within 2^-10 (rounded K_1)
+  assert disc.sensitivities == cal.sensitivities and disc.epsilons == cal.epsilons
+  np.testing.assert_allclose(disc.scales, cal.scales, rtol=2**-10)
+  assert all(d >= c for d, c in zip(disc.scales, cal.scales))
   # Per-record L1 contributions (1, m_cat, 2 m_num) = (1, 3, 4), doubled under replace-one.
   assert cal.sensitivities == (factor * 1, factor * 3, factor * 4)
   # Default split proportional to sensitivity: every count has scale Delta_total / eps.
@@ -29,9 +35,12 @@ def test_calibration_matches_formulas(rel, factor):
 
 
 def test_explicit_budget_split():
-  cal = nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0, budget_split=(2, 1, 1))
-  np.testing.assert_allclose(cal.epsilons, [0.5, 0.25, 0.25])
-  np.testing.assert_allclose(cal.scales, [2 / 0.5, 2 / 0.25, 4 / 0.25])
+  for noise in ("continuous", "discrete"):
+    cal = nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0, budget_split=(2, 1, 1),
+                                     noise=noise)
+    np.testing.assert_allclose(cal.epsilons, [0.5, 0.25, 0.25])
+    np.testing.assert_allclose(cal.scales, [2 / 0.5, 2 / 0.25, 4 / 0.25],
+                               rtol=2**-10 if noise == "discrete" else 1e-7)
   # A block with data and zero budget is refused; an absent block may get zero.
   with pytest.raises(ValueError, match="zero budget"):
     nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0, budget_split=(1, 0, 1))
@@ -124,7 +133,7 @@ def _flat(st):
 
 
 def _audit(scale_factor):
-  cal = nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0)
+  cal = nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0, noise="continuous")
   scales = tuple(s * scale_factor for s in cal.scales)
   s0, s1 = _flat(_stats(_D)), _flat(_stats(_DN))
   assert float(jnp.sum(jnp.abs(s0 - s1))) == pytest.approx(2 * (1 + 1 + 2))  # = Delta_total
@@ -144,6 +153,37 @@ def test_audit_catches_the_survey_per_count_calibration():
   # needed scale for 1 categorical + 1 numeric feature under replace-one).
   r = _audit(0.25)
   assert r.violates_claim
+
+
+def _audit_discrete(epsilon_factor, trials):
+  """The discrete default on the worst-case pair: ``_perturb_discrete`` of the calibration
+  (``epsilon_factor > 1``: every block's noise drawn for a larger epsilon than claimed).
+
+  Statistic: the exact log-likelihood ratio of the discrete Laplace, ``sum (|o - s1| -
+  |o - s0|)/b_b`` per block with ``b_b`` its scale ``t/s g`` (the pmf is ``q^|k|``, ``log q =
+  -s/t``; the worst-case values lie on the grids, so rounding moves nothing).
+  """
+  cal = nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0)
+  used = cal._replace(epsilons=tuple(epsilon_factor * e for e in cal.epsilons))
+  s0, s1 = _stats(_D), _stats(_DN)
+  assert all(np.all(np.asarray(a) / cal.grid_steps[2] == np.round(np.asarray(a) / cal.grid_steps[2]))
+             for a in (*s0, *s1))
+  mech = lambda key, data: nb._perturb_discrete(key, _stats(data), used)
+  # scales of the drawn noise (the same grid, epsilons times the factor)
+  scales = nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=epsilon_factor).scales
+  stat = lambda o: sum(laplace_log_ratio(a, b, c, sc) for a, b, c, sc in zip(
+      o, s0, s1, (scales[0], scales[1], scales[2], scales[2])))
+  return audit.audit_epsilon(mech, _D, _DN, stat, key=jax.random.key(3), num_trials=trials,
+                             batch_size=trials, claimed_epsilon=1.0, progress=False)
+
+
+@pytest.mark.slow
+def test_audit_discrete_naive_bayes_worst_case_and_catch():
+  # The default (discrete) release passes; noise for 4 eps (the survey's per-count calibration,
+  # a quarter of the needed scale) is caught. (About 30 s of compilation per audit on 2 busy
+  # cores, the vmapped sampler of each (t, s): slow only. 4000 trials: lower bound 0.20 and 2.07.)
+  assert not _audit_discrete(1.0, 20_000).violates_claim
+  assert _audit_discrete(4.0, 20_000).violates_claim
 
 
 def test_default_variance_floor_is_the_noise_level_of_each_class():

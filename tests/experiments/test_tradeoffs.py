@@ -4,14 +4,18 @@ Tiny grids on the embedded digits set and on CIFAR-shaped random data (no data d
 """
 
 import csv
+import functools
 import json
 import math
+import types
 
 import jax
 import numpy as np
 import pytest
 
 import _repo_modules
+
+from jaxdp import models as jaxdp_models
 
 _load = _repo_modules.load
 
@@ -31,9 +35,8 @@ def _tiny(tmp_path, figure="fig1", **over):
   return config
 
 
-def test_fig1_all_five_methods_resumable(tmp_path):
+def _check_fig1_all_five_methods_resumable(tmp_path, config):
   experiment = _load("experiments/tradeoffs.py")
-  config = _tiny(tmp_path, axis_values=(10.0,))
   rows = experiment.main(config)
   methods = {r["method"] for r in rows}
   assert methods == {"non_private", "model_sensitivity", "loss_perturbation", "dpsgd",
@@ -43,7 +46,7 @@ def test_fig1_all_five_methods_resumable(tmp_path):
   assert sorted(r["delta"] for r in rows if r["method"] == "loss_perturbation") == [0.0, 1e-5]
   for r in rows:
     assert 0.0 <= r["test_accuracy_mean"] <= 1.0
-    assert r["num_draws"] == (1 if r["method"] == "non_private" else 3)
+    assert r["num_draws"] == (1 if r["method"] == "non_private" else config.num_seeds)
     if r["method"] in ("prediction_sensitivity", "subsample_aggregate"):
       assert r["budget"] == 100
     if r["method"] == "subsample_aggregate":
@@ -60,6 +63,21 @@ def test_fig1_all_five_methods_resumable(tmp_path):
   again = experiment.main(config)
   assert json.loads((out / "results.json").read_text())["points_computed_this_run"] == 0
   assert [r["test_accuracy_mean"] for r in again] == [r["test_accuracy_mean"] for r in rows]
+
+
+def test_fig1_all_five_methods_resumable(tmp_path):
+  # One lambda and one DP-SGD learning rate (one candidate each: fewer fits, teacher sets and
+  # noise calibrations); every method, both deltas, 3 draws and the resume as in the slow test.
+  config = _tiny(tmp_path, axis_values=(10.0,), l2_regs=(1e-2,))
+  config.dpsgd.learning_rates = (1.0,)
+  assert config.num_seeds == 3
+  _check_fig1_all_five_methods_resumable(tmp_path, config)
+
+
+@pytest.mark.slow
+def test_fig1_all_five_methods_resumable_slow(tmp_path):
+  """Two lambdas and the config's two DP-SGD learning rates (hyper-parameter selection)."""
+  _check_fig1_all_five_methods_resumable(tmp_path, _tiny(tmp_path, axis_values=(10.0,)))
 
 
 def test_grid_shares_training_points_across_budgets(tmp_path):
@@ -104,8 +122,8 @@ def test_account_selection_divides_the_budget(tmp_path):
   config = _tiny(tmp_path, axis_values=(10.0,), methods=("model_sensitivity",), deltas=(0.0,),
                  account_selection=True, val_seeds=2)
   rows = experiment.main(config)
-  # 2 lambdas x 2 validation draws + 1 final release per draw: eps / 5 each.
-  assert rows[0]["release_epsilon"] == pytest.approx(10.0 / 5)
+  # 2 lambdas x 2 validation draws + 1 final release + 1 private selection: eps / 6 each.
+  assert rows[0]["release_epsilon"] == pytest.approx(10.0 / 6)  # C V + 2 shares (selection too)
 
 
 def test_bad_axis_and_method_raise(tmp_path):
@@ -120,8 +138,15 @@ def test_bad_axis_and_method_raise(tmp_path):
     _load("configs/tradeoffs.py").get_config("fig9")
 
 
-def test_cifar_fig7_runs_on_random_cifar_shaped_data(tmp_path):
-  experiment = _load("experiments/cifar_tradeoffs.py")
+def _tiny_resnet(experiment, monkeypatch):
+  """Swap the experiment's ResNet-20 for a one-block, narrow one (same code path, far less
+  compilation on a CPU); the ``_slow`` tests run the real ResNet-20."""
+  small = functools.partial(jaxdp_models.ResNet20, blocks_per_stage=1, widths=(4, 8, 8),
+                            max_groups=4)
+  monkeypatch.setattr(experiment, "models", types.SimpleNamespace(ResNet20=small))
+
+
+def _check_cifar_fig7(tmp_path, experiment):
   config = _load("configs/tradeoffs_fig7.py").get_config()
   config.dataset = "random"
   config.n_train, config.n_test = 64, 16
@@ -144,6 +169,18 @@ def test_cifar_fig7_runs_on_random_cifar_shaped_data(tmp_path):
   assert {r["budget"] for r in rows[1:]} == {1, 10}
   out = tmp_path / "tradeoffs_fig7" / "random_n64"
   assert (out / "fig7.png").exists() and (out / "results.csv").exists()
+
+
+def test_cifar_fig7_runs_on_random_cifar_shaped_data(tmp_path, monkeypatch):
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  _tiny_resnet(experiment, monkeypatch)
+  _check_cifar_fig7(tmp_path, experiment)
+
+
+@pytest.mark.slow
+def test_cifar_fig7_runs_on_random_cifar_shaped_data_slow(tmp_path):
+  """The same run with the experiment's real ResNet-20 (paper 000 Fig. 7's model)."""
+  _check_cifar_fig7(tmp_path, _load("experiments/cifar_tradeoffs.py"))
 
 
 def test_cifar_augmentation_is_per_example_flip_and_crop():
@@ -185,8 +222,7 @@ def test_shifted_copies_extend_the_training_set_with_translations():
     experiment.shifted_copies(x[:, :50], y, 20, seed=0)
 
 
-def test_cifar_teachers_map_equals_vmap_and_bad_mode_raises():
-  experiment = _load("experiments/cifar_tradeoffs.py")
+def _check_cifar_teachers_map_equals_vmap(experiment):
   config = _load("configs/tradeoffs_fig7.py").get_config()
   config.teachers.num_teachers = 2
   config.teachers.batch_size = 8
@@ -206,3 +242,15 @@ def test_cifar_teachers_map_equals_vmap_and_bad_mode_raises():
   config.teachers.batch_mode = "pmap"
   with pytest.raises(ValueError, match="batch_mode"):
     experiment.make_teachers(jax.random.key(0), x, y, config)
+
+
+def test_cifar_teachers_map_equals_vmap_and_bad_mode_raises(monkeypatch):
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  _tiny_resnet(experiment, monkeypatch)
+  _check_cifar_teachers_map_equals_vmap(experiment)
+
+
+@pytest.mark.slow
+def test_cifar_teachers_map_equals_vmap_and_bad_mode_raises_slow():
+  """The same comparison with the experiment's real ResNet-20."""
+  _check_cifar_teachers_map_equals_vmap(_load("experiments/cifar_tradeoffs.py"))

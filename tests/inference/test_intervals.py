@@ -68,8 +68,12 @@ def test_budget_split_table2_and_overrides():
     ci.budget_split(0.0, perturbation="output", privacy="zcdp")
 
 
-@pytest.mark.parametrize("pert,priv", [("objective", "pure"), ("output", "pure"),
-                                       ("objective", "zcdp"), ("output", "zcdp")])
+# Two of the four always on (pure: Theorems 2 and 4's sum; Theorem 2's zCDP branch);
+# the others under ``slow``.
+@pytest.mark.parametrize("pert,priv", [("objective", "pure"),
+                                       pytest.param("output", "pure", marks=pytest.mark.slow),
+                                       ("objective", "zcdp"),
+                                       pytest.param("output", "zcdp", marks=pytest.mark.slow)])
 def test_events_follow_theorems_2_and_4(pert, priv):
   x, y = _logistic_pool()
   acc = PrivacyAccountant()
@@ -100,35 +104,44 @@ def test_noise_off_output_zcdp_is_exactly_the_sandwich_interval():
   np.testing.assert_allclose(out.upper, hi, rtol=1e-5, atol=1e-6)
 
 
-def test_noise_off_exact_quantiles_are_the_sandwich_interval():
-  """Algorithms 3 and 5 without noise, exact quantiles: z sqrt((H^-1 Sigma H^-1)_jj / n)."""
+@pytest.mark.parametrize("pert", [
+    pytest.param(p, marks=() if i == 0 else (pytest.mark.slow,))
+    for i, p in enumerate(ci.PERTURBATIONS)])
+def test_noise_off_exact_quantiles_are_the_sandwich_interval(pert):
+  """Algorithms 3 and 5 without noise, exact quantiles: z sqrt((H^-1 Sigma H^-1)_jj / n).
+
+  The first perturbation always on, the others under ``slow``.
+  """
   x, y = _logistic_pool()
   lam = 0.002
   lo, hi = _sandwich(x, y, _exact_fit(x, y, lam), lam)
   se = (hi - lo) / (2 * stats.norm.ppf(0.975))
-  for pert in ci.PERTURBATIONS:
-    out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
-                                     perturbation=pert, privacy="pure", l2_reg=lam)
-    # Minimisers agree to ~1e-9 (certified); the quantile is exact to float32's 1e-7.
-    np.testing.assert_allclose(out.lower, lo, rtol=0, atol=1e-5 * se.min())
-    np.testing.assert_allclose(out.upper, hi, rtol=0, atol=1e-5 * se.min())
+  out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
+                                   perturbation=pert, privacy="pure", l2_reg=lam)
+  # Minimisers agree to ~1e-9 (certified); the quantile is exact to float32's 1e-7.
+  np.testing.assert_allclose(out.lower, lo, rtol=0, atol=1e-5 * se.min())
+  np.testing.assert_allclose(out.upper, hi, rtol=0, atol=1e-5 * se.min())
 
 
-def test_exact_and_monte_carlo_quantiles_agree_under_privacy():
+# One configuration always on (the objective noise, the one a wrong Monte Carlo omits
+# first); the other two under ``slow`` (each compiles both quantile paths).
+@pytest.mark.parametrize("pert,priv", [("objective", "pure"),
+                                       pytest.param("objective", "zcdp", marks=pytest.mark.slow),
+                                       pytest.param("output", "pure", marks=pytest.mark.slow)])
+def test_exact_and_monte_carlo_quantiles_agree_under_privacy(pert, priv):
   """Same key: same theta~, H~, Sigma~; the half-widths differ only by Monte Carlo error.
 
   At m = 100,000 the 2.5% quantile's relative sd is below 1% for these laws; allow 4%. A
   Monte Carlo half-width with a wrong noise (e.g. the objective noise omitted) is far off.
   """
   x, y = _logistic_pool()
-  for pert, priv in [("objective", "pure"), ("objective", "zcdp"), ("output", "pure")]:
-    kw = dict(budget=1.0, perturbation=pert, privacy=priv, l2_reg=0.01)
-    ex, _ = ci.confidence_intervals(jax.random.key(6), x, y, **kw)
-    mc, _ = ci.confidence_intervals(jax.random.key(6), x, y, quantiles="monte_carlo",
-                                    num_samples=100_000, **kw)
-    np.testing.assert_array_equal(ex.theta, mc.theta)
-    np.testing.assert_allclose(mc.upper - mc.theta, ex.upper - ex.theta, rtol=0.04)
-    np.testing.assert_allclose(mc.theta - mc.lower, ex.theta - ex.lower, rtol=0.04)
+  kw = dict(budget=1.0, perturbation=pert, privacy=priv, l2_reg=0.01)
+  ex, _ = ci.confidence_intervals(jax.random.key(6), x, y, **kw)
+  mc, _ = ci.confidence_intervals(jax.random.key(6), x, y, quantiles="monte_carlo",
+                                  num_samples=100_000, **kw)
+  np.testing.assert_array_equal(ex.theta, mc.theta)
+  np.testing.assert_allclose(mc.upper - mc.theta, ex.upper - ex.theta, rtol=0.04)
+  np.testing.assert_allclose(mc.theta - mc.lower, ex.theta - ex.lower, rtol=0.04)
 
 
 def test_noise_off_monte_carlo_matches_the_sandwich_interval():
@@ -166,7 +179,11 @@ def test_noise_off_coverage_is_nominal_on_simulated_logistic_data():
   assert abs(cover - 0.95) <= 4 * math.sqrt(0.95 * 0.05 / reps)
 
 
-def test_private_intervals_are_longer_and_deterministic():
+@pytest.mark.parametrize("mode", [
+    pytest.param(m, marks=() if i == 0 else (pytest.mark.slow,))
+    for i, m in enumerate(ci.BATCH_MODES)])
+def test_private_intervals_are_longer_and_deterministic(mode):
+  """The first batch mode always on, the others under ``slow`` (each compiles the batch)."""
   x, y = _logistic_pool()
   kw = dict(perturbation="output", privacy="pure", num_samples=2000)
   a, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=2.0, **kw)
@@ -177,10 +194,10 @@ def test_private_intervals_are_longer_and_deterministic():
   # Batched == single for the same key (one replicate, no counts).
   keys = jax.random.split(jax.random.key(9), 2)
   one, _ = ci.confidence_intervals(keys[1], x, y, budget=2.0, **kw)
-  for mode in ci.BATCH_MODES:  # lax.map and jax.vmap over the replicates agree
-    bat, _ = ci.confidence_intervals_batched(keys, x, y, budget=2.0, batch_mode=mode, **kw)
-    np.testing.assert_allclose(bat.lower[1], one.lower, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(bat.upper[1], one.upper, rtol=1e-5, atol=1e-7)
+  # lax.map and jax.vmap over the replicates agree with the single call.
+  bat, _ = ci.confidence_intervals_batched(keys, x, y, budget=2.0, batch_mode=mode, **kw)
+  np.testing.assert_allclose(bat.lower[1], one.lower, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(bat.upper[1], one.upper, rtol=1e-5, atol=1e-7)
 
 
 def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):

@@ -8,7 +8,8 @@ import pytest
 from jaxdp.inference import newton
 
 
-@pytest.mark.parametrize("loss", ["logistic", "huber"])
+# Each loss is covered always-on by one of the two tests below; the other under ``slow``.
+@pytest.mark.parametrize("loss", ["logistic", pytest.param("huber", marks=pytest.mark.slow)])
 def test_warm_start_reaches_the_same_minimiser_in_fewer_steps(loss):
   rng = np.random.default_rng(0)
   x = rng.normal(size=(3000, 5))
@@ -30,7 +31,7 @@ def test_warm_start_reaches_the_same_minimiser_in_fewer_steps(loss):
     assert int(warm.num_iter) < int(cold.num_iter)
 
 
-@pytest.mark.parametrize("loss", ["logistic", "huber"])
+@pytest.mark.parametrize("loss", [pytest.param("logistic", marks=pytest.mark.slow), "huber"])
 def test_chord_first_step_and_cold_starts_reach_the_minimiser(loss):
   """init_hessian (a nearby problem's Hessian for the first step) and the default starts."""
   rng = np.random.default_rng(1)

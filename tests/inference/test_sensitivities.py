@@ -109,9 +109,9 @@ def test_hessian_and_covariance_against_autodiff(loss):
     return jnp.sum(w * sens.loss_value(y * (x @ t), loss, 0.5)) / jnp.sum(w) + 0.5 * lam * t @ t
 
   np.testing.assert_allclose(sens.hessian(theta, x, y, loss=loss, l2_reg=lam, counts=w),
-                             jax.hessian(j)(theta), atol=1e-5)
-  per = jax.vmap(jax.grad(lambda t, xi, yi: sens.loss_value(yi * xi @ t, loss, 0.5)),
-                 in_axes=(None, 0, 0))(theta, x, y)
+                             jax.jit(jax.hessian(j))(theta), atol=1e-5)  # one compile
+  per = jax.jit(jax.vmap(jax.grad(lambda t, xi, yi: sens.loss_value(yi * xi @ t, loss, 0.5)),
+                         in_axes=(None, 0, 0)))(theta, x, y)
   want = (per * w[:, None]).T @ per / jnp.sum(w) - lam ** 2 * jnp.outer(theta, theta)
   np.testing.assert_allclose(sens.gradient_covariance(theta, x, y, loss=loss, l2_reg=lam,
                                                       counts=w), want, atol=1e-5)

@@ -24,8 +24,8 @@ def test_output_symmetric_with_eigenvalues_at_or_above_floor(privacy, floor):
   rng = np.random.default_rng(0)
   m = jnp.asarray(_spd(rng, 5), jnp.float32)
   keys = jax.random.split(jax.random.key(1), 50)
-  out = jax.vmap(lambda k: spd.priv_spd_matrix(k, m, 0.5, 1.0, privacy=privacy,
-                                               floor=floor))(keys)
+  out = jax.jit(jax.vmap(lambda k: spd.priv_spd_matrix(k, m, 0.5, 1.0, privacy=privacy,
+                                                       floor=floor)))(keys)
   out = np.asarray(out, np.float64)
   np.testing.assert_allclose(out, np.swapaxes(out, 1, 2), atol=1e-6)
   eig = np.linalg.eigvalsh(out)
@@ -46,7 +46,7 @@ def test_pure_noise_calibration():
   """eta ~ exp(-(phi/Delta)||eta||) in R^{d^2}: ||eta|| ~ Gamma(d^2, Delta/phi)."""
   d, delta_s, phi = 3, 0.2, 0.5
   keys = jax.random.split(jax.random.key(3), 5000)
-  eta = jax.vmap(lambda k: spd.spd_noise(k, d, delta_s, phi, privacy="pure"))(keys)
+  eta = jax.jit(jax.vmap(lambda k: spd.spd_noise(k, d, delta_s, phi, privacy="pure")))(keys)
   norms = np.linalg.norm(np.asarray(eta).reshape(len(keys), -1), axis=1)
   mean, sd = d * d * delta_s / phi, math.sqrt(d * d) * delta_s / phi
   assert abs(norms.mean() - mean) < 5 * sd / math.sqrt(len(keys))

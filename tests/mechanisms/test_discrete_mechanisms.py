@@ -74,6 +74,33 @@ def test_discrete_gaussian_sampler_matches_the_exact_pmf(gaussian_draws):
   assert abs(gaussian_draws.mean()) < 6 * math.sqrt(n / N)
 
 
+def _one_loop_per_draw(key, n, t, s, c):
+  """The reference: one ``while_loop`` per coordinate (``discrete._sampler_one``), vmapped."""
+  keys = jax.random.key_data(jax.random.split(key, n)).astype(jnp.uint32)
+  return np.asarray(jax.jit(jax.vmap(lambda k: discrete._sampler_one(k, t, s, c)))(keys))
+
+
+def test_work_queue_returns_the_per_coordinate_loop_draws(laplace_draws, gaussian_draws):
+  """The work queue (256 lanes restarting on the next coordinate) changes no draw:
+  every coordinate is the integer its own exact loop returns for its key, so the law
+  is the CKS law checked above (N = 4000 and 521 refill lanes; 1 uses one lane)."""
+  np.testing.assert_array_equal(laplace_draws,
+                                _one_loop_per_draw(jax.random.key(0), N, LAP_T, LAP_S, None))
+  np.testing.assert_array_equal(gaussian_draws,
+                                _one_loop_per_draw(jax.random.key(1), N, GAU_T, 1, GAU_C))
+  for n in (1, 521):
+    key = jax.random.key(n)
+    np.testing.assert_array_equal(np.asarray(mech.discrete_laplace_noise(key, (n,), LAP_T, LAP_S)),
+                                  _one_loop_per_draw(key, n, LAP_T, LAP_S, None))
+  assert mech.discrete_laplace_noise(jax.random.key(2), (0, 3), LAP_T, LAP_S).shape == (0, 3)
+  # vmappable over keys: the batched stages equal one call per key
+  keys = jax.random.split(jax.random.key(3), 3)
+  batched = jax.vmap(lambda k: mech.discrete_laplace_noise(k, (521,), LAP_T, LAP_S))(keys)
+  np.testing.assert_array_equal(
+      np.asarray(batched),
+      np.stack([np.asarray(mech.discrete_laplace_noise(k, (521,), LAP_T, LAP_S)) for k in keys]))
+
+
 def test_calibrated_extreme_parameters_keep_the_exact_law():
   """The largest integers the calibration produces: t = s = 2^20 (scale 1), and sigma^2 ~ 2^15.
 
@@ -194,3 +221,14 @@ def test_discrete_events_and_validation_errors_name_the_argument():
     mech.discrete_laplace_mechanism(key, jnp.array([1.0, jnp.nan]), 1.0, 1.0, 1.0)
   with pytest.raises(TypeError, match="key"):
     mech.discrete_gaussian_mechanism(0, v, 1.0, 1.0, 1.0)
+
+
+def test_samplers_run_under_x64_with_int32_output():
+  """The classic models draw their discrete noise inside ``jax.enable_x64``: same draws, int32."""
+  key = jax.random.key(3)
+  plain = (mech.discrete_laplace_noise(key, (300,), 3, 1), mech.discrete_gaussian_noise(key, (300,), 3, 3))
+  with jax.enable_x64(True):
+    wide = (mech.discrete_laplace_noise(key, (300,), 3, 1), mech.discrete_gaussian_noise(key, (300,), 3, 3))
+  for a, b in zip(plain, wide):
+    assert b.dtype == jnp.int32
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -128,10 +128,12 @@ def test_bad_inputs_raise():
 # ---------------------------------------------------------------- brute force
 
 
+# Always on: one binary and one multiclass case, one of each method; the other two
+# under ``slow`` (each brute-forces every vote row of the deciding party).
 @pytest.mark.parametrize("c,method,n,lam,min_ratio", [
     (2, "soft", 6, 1.0, 0.35),   # logistic: l'(t)+l'(-t) = -1, so the paper's 2/M is 2x loose
-    (3, "soft", 4, 1.0, 0.5),    # sqrt(2)/(M lambda) is nearly attained
-    (2, "vote", 6, 1.0, 0.35),
+    pytest.param(3, "soft", 4, 1.0, 0.5, marks=pytest.mark.slow),  # sqrt(2)/(M lambda) nearly attained
+    pytest.param(2, "vote", 6, 1.0, 0.35, marks=pytest.mark.slow),
     (3, "vote", 4, 1.0, 0.5),
 ])
 def test_one_party_moves_the_minimiser_by_at_most_the_bound(c, method, n, lam, min_ratio):
@@ -189,7 +191,7 @@ def _small_problem(seed=0, m=15, n=40, d=4, c=2):
   return votes, x
 
 
-@pytest.mark.parametrize("c", [2, 4])
+@pytest.mark.parametrize("c", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_epsilon_inf_gives_the_nonprivate_soft_label_model(c):
   votes, x = _small_problem(c=c)
   r = pg.private_soft_label_erm(jax.random.key(1), votes, x, num_classes=c, l2_reg=0.1,

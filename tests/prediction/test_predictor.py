@@ -145,7 +145,7 @@ def test_voting_predictors(kind):
   x = np.random.default_rng(5).normal(size=(6, D)).astype(np.float32)
   labels = np.asarray(p.predict(x))
   assert labels.shape == (6,) and labels.min() >= 0 and labels.max() < C
-  np.testing.assert_array_equal(np.asarray(p.votes(x)), np.asarray(sa.linear_teacher_votes(w, x)))
+  np.testing.assert_array_equal(np.asarray(p.nonprivate_votes(x)), np.asarray(sa.linear_teacher_votes(w, x)))
   with pytest.raises(BudgetExceededError):
     p.predict(x[:1])
   assert p.spent_epsilon() <= 1.0 * (1 + 1e-3)

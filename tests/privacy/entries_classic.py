@@ -7,20 +7,29 @@ read off the library's calibration:
 * ``private_quantile`` / ``private_bounds``: the exponential mechanism over a
   public grid (McSherry & Talwar 2007; Smith 2011), ``beta = eps/2``, utility
   sensitivity 1; output support the grid ``k 2^-10`` of ``[0, 1]``.
-* ``private_naive_bayes``: one Laplace mechanism on the concatenated sufficient
-  statistics (Eqs. 25-28 with the budget split by sensitivity): per-record L1
-  contribution ``1 + m_cat + 2 m_num``, doubled under replace-one, every
-  coordinate ``Lap(Delta / eps)``.
+* ``private_naive_bayes``: the sufficient statistics (Eqs. 25-28 with the budget
+  split by sensitivity): per-record L1 contribution ``1 + m_cat + 2 m_num``,
+  doubled under replace-one, every block at the same scale ``Delta / eps``.
 * ``private_random_trees`` (Eq. 31, ``tree_budget="disjoint"``: one tree per
-  record): leaf counts with L1 sensitivity 2 (replace-one), ``Lap(2/eps)``.
+  record): leaf counts with L1 sensitivity 2 (replace-one), scale ``2/eps``.
 * ``dp_lloyd`` (SuLQ / Su et al. 2016): ``T`` iterations at ``eps/T``, counts and
   sums at ``f eps/T`` and ``(1 - f) eps/T``.
 * ``sample_aggregate_kmeans`` (Nissim-Raskhodnikova-Smith 2007; Eq. 33): mean
-  of ``q`` block outputs, L1 sensitivity ``K sum_j (u_j - l_j) / q``, Laplace;
+  of ``q`` block outputs, L1 sensitivity ``K sum_j (u_j - l_j) / q``;
   clipping the noisy mean to the box is 1-Lipschitz, so the same-key replay
   bound holds for the released value (entry at ``eps = 20`` so that the clip
   does not hide the difference; its first pair catches the issue 26 item 3
   defect, a block borrowing another block's rows, on every key).
+
+Noise (issue 26). These four releases default to the discrete Laplace mechanism
+on a public grid (Canonne-Kamath-Steinke 2020, Alg. 2; ``PureDpEvent`` per
+release): counts are integers on ``1 Z`` (no rounding, rounded sensitivity =
+``Delta``, scale ``Delta/eps``), sums/means are rounded to ``g Z`` with ``g`` the
+largest power of two ``<= Delta_1/(c 2^10)`` (``c`` = coordinates one record
+changes) and get scale ``K_1 g/eps`` with ``K_1 = ceil(Delta_1/g) + (c - 1)``
+(the rounded-sensitivity bound of ``jaxdp/mechanisms/discrete.py``), which is
+also the replay sensitivity in output units. The float Laplace path
+(``noise="continuous"``) is registered as ``<name>[noise=continuous]``.
 * ``private_pca`` (Laplace variant, Sec. 3.5): upper triangle of ``X^T X`` plus
   ``Lap(Delta_1/eps)``, ``Delta_1 = d + 1`` under replace-one (rows in the unit ball).
 * ``private_linear_regression`` and the functional mechanism (Zhang et al. 2012,
@@ -45,6 +54,7 @@ import math
 
 import numpy as np
 
+import conformance_checks as cc
 import conformance_registry as reg
 from jaxdp.accounting import events
 
@@ -63,7 +73,7 @@ _POST = ("the release is a post-processing (minimiser, centroids or model) of no
          "not an additive-noise statistic: the replay/noise checks apply to the statistic's own "
          "entry")
 _ESTIMATOR_PUBLIC = ("classes_", "event_", "seed", "_fits", "epsilon", "num_classes", "lower",
-                     "upper", "accountant", "n_clusters", "n_components")
+                     "upper", "accountant", "n_clusters", "n_components", "noise")
 _NO_ACCOUNTANT = ("a pure function with no accountant parameter: it returns the event of one "
                   "release; PrivateLinearRegression.fit and private_linear_regression check the spend")
 
@@ -83,6 +93,19 @@ def _laplace(noise_multiplier: float) -> events.DpEvent:
 
 def _pure(eps: float) -> events.DpEvent:
   return events.PureDpEvent(eps, neighbouring=REL)
+
+
+def _pow2_at_most(x: float) -> float:
+  """Largest power of two ``<= x`` (the public grid rule of the discrete sums)."""
+  return 2.0 ** math.floor(math.log2(x))
+
+
+def _rounded_l1(sens: float, grid: float, changed: int) -> int:
+  """CKS rounded L1 sensitivity in grid units: ``ceil(Delta_1/g) + (c - 1)``."""
+  return math.ceil(sens / grid) + changed - 1
+
+
+CONTINUOUS = "[noise=continuous]"
 
 
 def _base(seed: int, d: int) -> np.ndarray:
@@ -175,6 +198,19 @@ NB_CLASSES, NB_CATS = 2, 2
 NB_SENS = 2.0 * (1 + 1 + 2 * 1)
 # Block epsilons eps * (1, 1, 2) / 4; noise multiplier = scale / Delta_b = 1 / eps_b.
 NB_EVENT_MULTIPLIERS = (4.0 / EPS, 4.0 / EPS, 2.0 / EPS)
+NB_EPS_BLOCKS = (EPS / 4, EPS / 4, EPS / 2)
+# Discrete default: counts (Delta 2 each, integers) exact at scale 2/(eps/4) = 8/eps; the
+# numeric block (sums of z and z^2, Delta 4) changes c = 4 coordinates under replace-one (two
+# class rows x (sum, square)): g = 2^floor(log2(4/(4 * 2^10))) = 2^-10, K_1 = 4096 + 3.
+NB_NUM_SENS, NB_NUM_CHANGED = 4.0, 4
+NB_GRID = _pow2_at_most(NB_NUM_SENS / (NB_NUM_CHANGED * 2**10))
+NB_K1 = _rounded_l1(NB_NUM_SENS, NB_GRID, NB_NUM_CHANGED)
+NB_NUM_SCALE = NB_K1 * NB_GRID / NB_EPS_BLOCKS[2]
+NB_COUNT_SCALE = 2.0 / NB_EPS_BLOCKS[0]
+NB_DISCRETE_SENS = 2.0 + 2.0 + NB_K1 * NB_GRID  # rounded sensitivity in output units
+# reference order: class counts (C), cat counts (1, C, K), sums (C, 1), squares (C, 1)
+NB_DISCRETE_SCALES = np.array([NB_COUNT_SCALE] * (NB_CLASSES + NB_CLASSES * NB_CATS)
+                              + [NB_NUM_SCALE] * (2 * NB_CLASSES))
 
 
 def _nb_pairs():
@@ -200,24 +236,50 @@ def _nb_reference(d):
   return _flat(onehot.sum(0), cat, onehot.T @ z, onehot.T @ (z * z))
 
 
-def _nb(key, d, accountant=None):
+def _nb(key, d, accountant=None, noise="discrete"):
   return _classic().private_naive_bayes(key, d["xc"], d["xn"], d["y"], num_classes=NB_CLASSES,
                                         epsilon=EPS, num_categories=[NB_CATS], lower=0.0,
-                                        upper=1.0, accountant=accountant)
+                                        upper=1.0, accountant=accountant, noise=noise)
+
+
+def _nb_continuous(key, d, accountant=None):
+  return _nb(key, d, accountant, noise="continuous")
 
 
 def _nb_event():
+  return events.ComposedDpEvent([_pure(e) for e in NB_EPS_BLOCKS])
+
+
+def _nb_continuous_event():
   return events.ComposedDpEvent([_laplace(m) for m in NB_EVENT_MULTIPLIERS])
 
 
 reg.register(reg.ReleasePoint(
     name="jaxdp.classic.private_naive_bayes",
     family=FAMILY, neighbouring=REL, unit="example",
+    guarantee=("eps-DP: discrete Laplace (CKS 2020 Alg. 2) on the naive-Bayes sufficient "
+               "statistics (paper 004 Eqs. 25-28), budget split by block sensitivity: integer "
+               "counts exact on Z, sums on the grid 2^-10 Z with K_1 = ceil(Delta/g) + 3"),
+    epsilon=EPS, delta=0.0, pairs=_nb_pairs,
+    release=_nb, vector=lambda out: _flat(*out[1]), event=_nb_event, charged=_charged(_nb),
+    fresh=None, sensitivity=NB_DISCRETE_SENS, norm="l1",
+    noise=reg.NoiseSpec(kind="discrete_laplace", scale=NB_DISCRETE_SCALES,
+                        reference=_nb_reference,
+                        theorem="CKS 2020 Alg. 2: b = K_1 g/eps_b per block; counts K_1 = "
+                                "Delta_b (integers, no rounding), sums K_1 = ceil(Delta/g) + "
+                                "(c - 1), c = 4 coordinates, g = 2^-10"),
+    audit=None, support=f"grid:{NB_GRID!r}", public_outputs=("lower", "upper"),
+    skip={"audit": _HOST}))
+
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.classic.private_naive_bayes" + CONTINUOUS,
+    family=FAMILY, neighbouring=REL, unit="example",
     guarantee=("eps-DP: Laplace on the naive-Bayes sufficient statistics (paper 004 Eqs. 25-28), "
                "L1 Delta = 2(1 + m_cat + 2 m_num), budget split by block sensitivity"),
     epsilon=EPS, delta=0.0, pairs=_nb_pairs,
-    release=_nb, vector=lambda out: _flat(*out[1]), event=_nb_event, charged=_charged(_nb),
-    fresh=None, sensitivity=NB_SENS, norm="l1",
+    release=_nb_continuous, vector=lambda out: _flat(*out[1]), event=_nb_continuous_event,
+    charged=_charged(_nb_continuous), fresh=None, sensitivity=NB_SENS, norm="l1",
     noise=reg.NoiseSpec(kind="laplace", scale=NB_SENS / EPS, reference=_nb_reference,
                         theorem="Dwork-Roth Thm 3.6 on the concatenated sums: b = Delta_1/eps, "
                                 "Delta_1 = 2(1 + m_cat + 2 m_num) (paper 004 Eqs. 25-28)"),
@@ -278,32 +340,51 @@ def _rt_pairs():
           ({"x": x, "y": y}, data(x[3], y[3], i=2))]      # duplicated row
 
 
-def _rt(key, d, accountant=None):
+def _rt(key, d, accountant=None, noise="discrete"):
   return _classic().private_random_trees(key, d["x"], d["y"], num_classes=2, epsilon=EPS,
                                          lower=0.0, upper=1.0, num_trees=RT_TREES,
-                                         depth=RT_DEPTH, accountant=accountant)
+                                         depth=RT_DEPTH, accountant=accountant, noise=noise)
 
 
+def _rt_continuous(key, d, accountant=None):
+  return _rt(key, d, accountant, noise="continuous")
+
+
+_RT_NOISE_SKIP = ("the counts' reference depends on the key (random structure and tree owners), "
+                  "so vector - reference(D) is not the noise; the noise law is audited in "
+                  "tests/classic/test_random_trees.py")
+
+# Discrete default: integer counts on Z, no rounding, K_1 = Delta = 2: the replay bound is 2.
 reg.register(reg.ReleasePoint(
     name="jaxdp.classic.private_random_trees",
+    family=FAMILY, neighbouring=REL, unit="example",
+    guarantee=("eps-DP: data-independent random trees, integer leaf class counts + discrete "
+               "Laplace of scale Delta/eps on Z (CKS 2020 Alg. 2; integers: rounded sensitivity "
+               "Delta), disjoint trees (parallel composition, McSherry 2009 Thm 4): Delta_1 = 2"),
+    epsilon=EPS, delta=0.0, pairs=_rt_pairs,
+    release=_rt, vector=lambda out: _flat(out[0].counts), event=lambda: _pure(EPS),
+    charged=_charged(_rt), fresh=None, sensitivity=RT_SENS, norm="l1", noise=None, audit=None,
+    support="grid:1.0", public_outputs=("features", "thresholds"),
+    skip={"noise": _RT_NOISE_SKIP, "audit": _HOST}))
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.classic.private_random_trees" + CONTINUOUS,
     family=FAMILY, neighbouring=REL, unit="example",
     guarantee=("eps-DP: data-independent random trees, leaf class counts + Lap(Delta/eps), "
                "disjoint trees (parallel composition, McSherry 2009 Thm 4): Delta_1 = 2"),
     epsilon=EPS, delta=0.0, pairs=_rt_pairs,
-    release=_rt, vector=lambda out: _flat(out[0].counts), event=lambda: _laplace(1.0 / EPS),
-    charged=_charged(_rt), fresh=None, sensitivity=RT_SENS, norm="l1", noise=None, audit=None,
+    release=_rt_continuous, vector=lambda out: _flat(out[0].counts),
+    event=lambda: _laplace(1.0 / EPS), charged=_charged(_rt_continuous), fresh=None,
+    sensitivity=RT_SENS, norm="l1", noise=None, audit=None,
     support="continuous", public_outputs=("features", "thresholds"),
-    skip={"noise": "the counts' reference depends on the key (random structure and tree "
-                   "owners), so vector - reference(D) is not the noise; the Laplace scale is "
-                   "audited in tests/classic/test_random_trees.py",
-          "audit": _HOST}))
+    skip={"noise": _RT_NOISE_SKIP, "audit": _HOST}))
 
 reg.register(reg.ReleasePoint(pairs=_rt_pairs, **_estimator_entry(
     "jaxdp.classic.PrivateRandomTrees.fit",
     lambda seed: _classic().PrivateRandomTrees(epsilon=EPS, num_classes=2, lower=0.0, upper=1.0,
                                                n_estimators=RT_TREES, depth=RT_DEPTH, seed=seed),
-    lambda d: (d["x"], d["y"]), lambda est: _flat(est.trees_.counts), lambda: _laplace(1.0 / EPS),
-    "eps-DP per fit: private_random_trees (disjoint trees)",
+    lambda d: (d["x"], d["y"]), lambda est: _flat(est.trees_.counts), lambda: _pure(EPS),
+    "eps-DP per fit: private_random_trees (disjoint trees, discrete Laplace)",
     public=("features", "thresholds", "n_estimators", "depth", "tree_budget", "combine"))))
 
 
@@ -318,6 +399,12 @@ KM_SA_SENS = KM_K * 2.0 / KM_BLOCKS
 # A large epsilon for the sample-and-aggregate function entry: the release is clipped to the
 # box, and with Lap(1) noise on a [0, 1] box the clip hides most of a same-key difference.
 KM_SA_EPS = 20.0
+# Discrete default of sample and aggregate: one block moves all c = K d = 4 coordinates of the
+# mean; g = 2^floor(log2(1/(4 * 2^10))) = 2^-12, K_1 = 4096 + 3 grid steps, and the replay
+# bound is the rounded sensitivity K_1 g (the box [0, 1] is on the grid, so the clip is too).
+KM_SA_CHANGED = KM_K * 2
+KM_SA_GRID = _pow2_at_most(KM_SA_SENS / (KM_SA_CHANGED * 2**10))
+KM_SA_DISCRETE_SENS = _rounded_l1(KM_SA_SENS, KM_SA_GRID, KM_SA_CHANGED) * KM_SA_GRID
 
 
 def _km_pairs():
@@ -332,49 +419,90 @@ def _km_pairs():
           ({"x": _replace(x, 3, [1.0, 0.0])}, {"x": _replace(x, 3, [0.0, 1.0])})]
 
 
-def _lloyd(key, d, accountant=None):
+def _lloyd(key, d, accountant=None, noise="discrete"):
   return _classic().dp_lloyd(key, d["x"], num_clusters=KM_K, epsilon=EPS, lower=0.0, upper=1.0,
-                             iterations=KM_T, count_fraction=0.5, accountant=accountant)
+                             iterations=KM_T, count_fraction=0.5, accountant=accountant,
+                             noise=noise)
+
+
+def _lloyd_continuous(key, d, accountant=None):
+  return _lloyd(key, d, accountant, noise="continuous")
 
 
 def _lloyd_event():
+  # discrete: each release eps-DP at its share f eps/T = (1 - f) eps/T = eps/(2T)
+  one = events.ComposedDpEvent([_pure(EPS / (2 * KM_T)), _pure(EPS / (2 * KM_T))])
+  return events.SelfComposedDpEvent(one, KM_T)
+
+
+def _lloyd_continuous_event():
   one = events.ComposedDpEvent([_laplace(KM_LLOYD_MULTIPLIER), _laplace(KM_LLOYD_MULTIPLIER)])
   return events.SelfComposedDpEvent(one, KM_T)
 
 
+_LLOYD_SKIP = {"replay": _POST + " (centroids m + S~/n~ after T steps)", "noise": _POST,
+               "audit": _HOST + " (one iteration: tests/classic/test_kmeans.py)"}
+
 reg.register(reg.ReleasePoint(
     name="jaxdp.classic.dp_lloyd",
+    family=FAMILY, neighbouring=REL, unit="example",
+    guarantee=("eps-DP: T noisy Lloyd iterations at eps/T, integer counts + discrete Laplace of "
+               "scale 2/(f eps/T) on Z, centred sums on the grid g Z + discrete Laplace of scale "
+               "K_1 g/((1-f) eps/T) (CKS 2020 Alg. 2), basic composition (SuLQ; Su et al. 2016)"),
+    epsilon=EPS, delta=0.0, pairs=_km_pairs,
+    release=_lloyd, vector=lambda out: _flat(out[0]), event=_lloyd_event,
+    charged=_charged(_lloyd), fresh=None, sensitivity=None, noise=None, audit=None,
+    support="continuous", skip=_LLOYD_SKIP))
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.classic.dp_lloyd" + CONTINUOUS,
     family=FAMILY, neighbouring=REL, unit="example",
     guarantee=("eps-DP: T noisy Lloyd iterations at eps/T (counts Lap(2/(f eps/T)), centred sums "
                "Lap(2 R_1/((1-f) eps/T))), basic composition (SuLQ; Su et al. 2016)"),
     epsilon=EPS, delta=0.0, pairs=_km_pairs,
-    release=_lloyd, vector=lambda out: _flat(out[0]), event=_lloyd_event,
-    charged=_charged(_lloyd), fresh=None, sensitivity=None, noise=None, audit=None,
-    support="continuous",
-    skip={"replay": _POST + " (centroids m + S~/n~ after T steps)", "noise": _POST,
-          "audit": _HOST + " (one iteration: tests/classic/test_kmeans.py)"}))
+    release=_lloyd_continuous, vector=lambda out: _flat(out[0]), event=_lloyd_continuous_event,
+    charged=_charged(_lloyd_continuous), fresh=None, sensitivity=None, noise=None, audit=None,
+    support="continuous", skip=_LLOYD_SKIP))
 
 
-def _sample_aggregate(key, d, accountant=None):
+def _sample_aggregate(key, d, accountant=None, noise="discrete"):
   return _classic().sample_aggregate_kmeans(key, d["x"], num_clusters=KM_K, epsilon=KM_SA_EPS,
                                             lower=0.0, upper=1.0, num_blocks=KM_BLOCKS,
-                                            iterations=3, accountant=accountant)
+                                            iterations=3, accountant=accountant, noise=noise)
 
+
+def _sample_aggregate_continuous(key, d, accountant=None):
+  return _sample_aggregate(key, d, accountant, noise="continuous")
+
+
+_SA_NOISE_SKIP = ("the reference (mean of block outputs) depends on the key's block assignment; "
+                  "the noise law is audited in tests/classic/test_kmeans.py")
 
 reg.register(reg.ReleasePoint(
     name="jaxdp.classic.sample_aggregate_kmeans",
     family=FAMILY, neighbouring=REL, unit="example",
+    guarantee=("eps-DP: mean of q block k-means outputs (each a function of its own block) on the "
+               "grid g = 2^-12 + discrete Laplace of scale K_1/eps grid steps, K_1 = ceil(Delta_1/"
+               "g) + (K d - 1), Delta_1 = K sum(u - l)/q (Nissim-Raskhodnikova-Smith 2007; CKS "
+               "2020 Alg. 2)"),
+    epsilon=KM_SA_EPS, delta=0.0, pairs=_km_pairs,
+    release=_sample_aggregate, vector=lambda out: _flat(out[0]),
+    event=lambda: _pure(KM_SA_EPS), charged=_charged(_sample_aggregate), fresh=None,
+    sensitivity=KM_SA_DISCRETE_SENS, norm="l1", noise=None, audit=None,
+    support=f"grid:{KM_SA_GRID!r}", skip={"noise": _SA_NOISE_SKIP, "audit": _HOST}))
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.classic.sample_aggregate_kmeans" + CONTINUOUS,
+    family=FAMILY, neighbouring=REL, unit="example",
     guarantee=("eps-DP: mean of q block k-means outputs (each a function of its own block) + "
                "Lap(Delta_1/eps), Delta_1 = K sum(u - l)/q (Nissim-Raskhodnikova-Smith 2007)"),
     epsilon=KM_SA_EPS, delta=0.0, pairs=_km_pairs,
-    release=_sample_aggregate, vector=lambda out: _flat(out[0]),
-    event=lambda: _laplace(1.0 / KM_SA_EPS), charged=_charged(_sample_aggregate), fresh=None,
-    sensitivity=KM_SA_SENS, norm="l1", noise=None, audit=None, support="continuous",
-    skip={"noise": "the reference (mean of block outputs) depends on the key's block "
-                   "assignment; the Laplace scale is audited in tests/classic/test_kmeans.py",
-          "audit": _HOST}))
+    release=_sample_aggregate_continuous, vector=lambda out: _flat(out[0]),
+    event=lambda: _laplace(1.0 / KM_SA_EPS), charged=_charged(_sample_aggregate_continuous),
+    fresh=None, sensitivity=KM_SA_SENS, norm="l1", noise=None, audit=None, support="continuous",
+    skip={"noise": _SA_NOISE_SKIP, "audit": _HOST}))
 
-for _method, _event in (("lloyd", _lloyd_event), ("sample_aggregate", lambda: _laplace(1.0 / EPS))):
+for _method, _event in (("lloyd", _lloyd_event), ("sample_aggregate", lambda: _pure(EPS))):
   reg.register(reg.ReleasePoint(pairs=_km_pairs, **_estimator_entry(
       "jaxdp.classic.PrivateKMeans.fit" + ("" if _method == "lloyd" else "[method=sample_aggregate]"),
       lambda seed, m=_method: _classic().PrivateKMeans(
@@ -520,6 +648,7 @@ for _name, _reason in {
     "jaxdp.classic.pca.symmetric_noise": ("draws data-independent symmetric noise from a key and "
                                           "a public scale; private_pca adds it (registered)"),
     "jaxdp.classic.random_trees_scale": _CAL,
+    "jaxdp.classic.random_trees.random_trees_noise_parameters": _CAL,
     "jaxdp.classic.lloyd_event": _EVENT,
     "jaxdp.classic.lloyd_iteration_event": _EVENT,
     "jaxdp.classic.naive_bayes_event": _EVENT,
@@ -540,3 +669,7 @@ for _name, _reason in {
         "a NamedTuple of public calibration numbers",
 }.items():
   reg.not_a_release_point(_name, _reason)
+
+# Estimator fits are host-side (Python objects, an accountant, a fit counter): looped
+# from the start instead of paying a failed vmap attempt first.
+cc.host_side(*[_n for _n in reg.REGISTRY if _n.startswith("jaxdp.classic.Private")])

@@ -51,6 +51,7 @@ import optax
 from scipy import optimize, stats
 
 import conformance_registry as reg
+import conformance_checks as cc
 from jaxdp.accounting import events
 
 N, D, K = 16, 4, 3
@@ -367,6 +368,15 @@ for _name, _reason in {
         "epsilon of the steps paid so far: dpsgd_epsilon of public (sigma, q, t, delta)",
     "jaxdp.training.dpsgd.PrivateSGD.epsilon":
         "epsilon of t steps: dpsgd_epsilon of public (sigma, q, t, delta)",
+    "jaxdp.training.dpsgd.PaidSampler.guarantee":
+        "PaidSampler.epsilon as a PrivacyGuarantee naming the accountant method: public "
+        "(sigma, q, t, delta)",
+    "jaxdp.training.dpsgd.PrivateSGD.guarantee":
+        "PrivateSGD.epsilon(t) as a PrivacyGuarantee naming the accountant method: public "
+        "(sigma, q, t, delta)",
+    "jaxdp.training.dpsgd.PrivateSGD.check_inputs":
+        "validates params, x and y before anything is paid; returns nothing computed from the "
+        "data (errors name the rule and the row, not the value)",
     "jaxdp.training.dpsgd.PrivateSGD.step_event":
         "the DpEvent of one step from public (q, sigma, unit); spends nothing",
     "jaxdp.training.dpsgd.ClippedGradFn":
@@ -384,3 +394,7 @@ for _name, _reason in {
         "sigma * S from the public noise multiplier and sensitivity (a calibration)",
 }.items():
   reg.not_a_release_point(_name, _reason)
+
+# Each call builds and compiles its own jitted step (a host-side loop over calls): the
+# checks loop from the start (the transforms above are vmapped).
+cc.host_side("jaxdp.training.dpsgd.train_dpsgd", "jaxdp.training.dpsgd.PrivateSGD.step")

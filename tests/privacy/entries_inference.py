@@ -44,6 +44,7 @@ import numpy as np
 from scipy import optimize
 
 import conformance_registry as reg
+import conformance_checks as cc
 from jaxdp.accounting import events
 
 FAMILY = "inference"
@@ -286,3 +287,7 @@ reg.not_a_release_point(
     "jaxdp.inference.spd_noise",
     "draws the noise matrix of Algorithm 2 from public (sensitivity, budget) and a key; adds it "
     "to nothing (priv_spd_matrix, registered, adds it to the private matrix)")
+
+# The intervals certify the minimiser on the host (numpy repair of the Newton iterate): not
+# vmappable over the key, so the checks loop from the start (priv_spd_matrix is vmapped).
+cc.host_side("jaxdp.inference.confidence_intervals", "jaxdp.inference.confidence_intervals_batched")

@@ -38,6 +38,7 @@ import numpy as np
 from scipy import optimize, stats
 
 import conformance_registry as reg
+import conformance_checks as cc
 
 FAMILY = "prediction"
 RELATION = "replace_one"
@@ -589,3 +590,6 @@ for _name, _reason in {
         "(the un-noised histograms are nonprivate_votes)",
 }.items():
   reg.not_a_release_point(_name, _reason)
+
+# Host loop: T teachers and a student fitted with L-BFGS per call (not vmappable).
+cc.host_side("jaxdp.prediction.pate_label_and_train")

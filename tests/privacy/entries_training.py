@@ -47,6 +47,7 @@ import numpy as np
 from scipy import optimize, special
 
 import conformance_registry as reg
+import conformance_checks as cc
 from jaxdp.accounting import events
 
 N, D, C = 30, 3, 3
@@ -387,3 +388,9 @@ for _cls in ("PrivateLinearClassifier", "PrivateLogisticRegression"):
         f"jaxdp.training.estimators.{_cls}.{_method}",
         "post-processing of the fitted private coef_ (the fit is the registered release) on "
         "the caller's query rows; spends nothing")
+
+# Every release above is a host-side certified fit (numpy certificate, L-BFGS): a vmapped
+# attempt would fail after tracing most of the fit, so the checks loop from the start.
+cc.host_side(*[_n for _n in reg.REGISTRY if _n.startswith((
+    "jaxdp.training.output_perturbation.", "jaxdp.training.objective_perturbation.",
+    "jaxdp.training.estimators."))])

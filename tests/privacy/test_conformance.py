@@ -6,7 +6,8 @@ reused by the next (``conformance_checks`` caches them per entry). A check
 that does not apply to an entry is skipped only when the entry lists it in
 ``skip`` with a reason; a missing callable or spec the check needs is a
 failure (the message says which field to give). The stronger audit
-(``AuditSpec.slow_trials``) runs under ``@pytest.mark.slow``.
+(``AuditSpec.slow_trials``) and the full-power noise check of host-side releases
+run under ``@pytest.mark.slow``.
 """
 
 from __future__ import annotations
@@ -48,7 +49,11 @@ def fresh_process_digests(request):
   if not names:
     yield None
     return
-  procs = cc.FreshProcesses(names)
+  workerinput = getattr(request.config, "workerinput", None)
+  if workerinput is None:
+    procs = cc.FreshProcesses(names)
+  else:  # pytest-xdist: one pair of processes for the whole run, shared by the workers
+    procs = cc.SharedFreshProcesses(names, run_id=workerinput.get("testrunuid", "run"))
   yield procs
   procs.kill()
 
@@ -73,6 +78,24 @@ def test_check(name, check, request):
 @pytest.mark.parametrize("name", NAMES)
 def test_audit_slow(name):
   cc.check_audit(_entry_or_skip(name, "audit_slow"), slow=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_noise_slow(name):
+  """The noise check at full power (miss <= 1e-6) also for host-side (looped) releases.
+
+  The always-on ``noise`` check draws fewer host-side releases (miss <= 1e-3, the
+  same 1e-6 false-alarm rate); vmapped releases have full power in both.
+  """
+  entry = _entry_or_skip(name, "noise")
+  if entry.noise is not None:
+    cc.output_at(entry, 0, 0, 0)  # decides vmappability (cached)
+    if cc.is_vmappable(entry):
+      pytest.skip("vmapped release: the always-on noise check already has full power")
+  note = cc.check_noise_scale(entry, slow=True)
+  if note:
+    print(f"{name} [noise, slow]: {note}")
 
 
 def test_registry_is_not_empty():

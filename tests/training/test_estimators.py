@@ -75,7 +75,7 @@ def test_public_classes_fix_the_output_and_inferred_classes_warn():
   with pytest.raises(ValueError, match="outside classes"):
     PrivateLogisticRegression(epsilon=1.0, classes=["cat", "dog"]).fit(x, labels)
   with pytest.raises(ValueError, match="classes"):
-    PrivateLogisticRegression(epsilon=1.0, classes=["cat", "cat"])
+    PrivateLogisticRegression(epsilon=1.0, classes=["cat", "cat"]).fit(x, labels)
 
 
 def test_refitting_uses_fresh_noise():
@@ -105,9 +105,11 @@ def test_budget_refuses_before_training():
 def test_non_private_and_eps_inf_match_fit_linear():
   x, labels, y = _data()
   ref = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2).weights
-  for method in ("non_private", "loss_perturbation", "model_sensitivity"):
-    clf = PrivateLogisticRegression(epsilon=math.inf, method=method, l2_reg=1e-2).fit(x, labels)
-    np.testing.assert_array_equal(clf.coef_, ref)
+  clf = PrivateLogisticRegression(epsilon=math.inf, method="non_private", l2_reg=1e-2).fit(x, labels)
+  np.testing.assert_array_equal(clf.coef_, ref)
+  for method in ("loss_perturbation", "model_sensitivity"):  # eps=inf: explicit opt-in only
+    with pytest.raises(ValueError, match="non_private"):
+      PrivateLogisticRegression(epsilon=math.inf, method=method, l2_reg=1e-2).fit(x, labels)
 
 
 def test_binary_methods_and_gaussian_delta():
@@ -128,7 +130,7 @@ def test_binary_methods_and_gaussian_delta():
 def test_validation():
   x, labels, _ = _data()
   with pytest.raises(ValueError, match="method"):
-    PrivateLogisticRegression(epsilon=1.0, method="dp_magic")
+    PrivateLogisticRegression(epsilon=1.0, method="dp_magic").fit(x, labels)
   with pytest.raises(ValueError, match="binary"):
     PrivateLinearClassifier(epsilon=1.0, method="objective_perturbation").fit(x, labels)
   with pytest.raises(ValueError, match="normalize_rows"):
@@ -180,11 +182,12 @@ def test_default_instances_and_refits_never_replay_noise():
 
 
 def test_seed_must_be_an_integer_or_key():
+  x, labels, _ = _data(n=60, d=3)
   for bad in (1.5, 2.0, True, "0"):
     with pytest.raises(ValueError, match="seed"):
-      PrivateLogisticRegression(epsilon=1.0, seed=bad)
+      PrivateLogisticRegression(epsilon=1.0, seed=bad).fit(x, labels)
   with pytest.raises(ValueError, match="seed"):
-    PrivateLinearClassifier(epsilon=1.0, seed=1.5)
+    PrivateLinearClassifier(epsilon=1.0, seed=1.5).fit(x, labels)
 
 
 def test_fitted_estimator_keeps_no_nonprivate_value_unless_asked():
@@ -194,7 +197,7 @@ def test_fitted_estimator_keeps_no_nonprivate_value_unless_asked():
             classes=["cat", "dog", "eel"])
   clf = PrivateLogisticRegression(**kw).fit(x, labels)
   fitted = {k for k in vars(clf) if k.endswith("_") and not k.startswith("_")}
-  assert fitted == {"classes_", "coef_", "event_"}
+  assert fitted == {"classes_", "coef_", "event_", "n_features_in_"}
   dbg = PrivateLogisticRegression(return_nonprivate_diagnostics=True, **kw).fit(x, labels)
   assert dbg.nonprivate_info_.certificate is not None
   np.testing.assert_array_equal(dbg.coef_, clf.coef_)  # same seed: same release

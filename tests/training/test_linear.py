@@ -42,11 +42,14 @@ def test_softmax_gradient_and_hessian_bounds():
   rng = np.random.default_rng(0)
   logits = jnp.asarray(rng.normal(size=(500, 5)) * 6.0, jnp.float32)
   labels = jnp.asarray(rng.integers(0, 5, size=500))
-  grads = jax.vmap(jax.grad(lambda a, y: linear_losses.softmax_cross_entropy(a, y)))(logits, labels)
+  # jitted: one compilation instead of eager dispatch of every primitive of grad / hessian.
+  grads = jax.jit(jax.vmap(jax.grad(lambda a, y: linear_losses.softmax_cross_entropy(a, y))))(
+      logits, labels)
   norms = np.linalg.norm(np.asarray(grads), axis=1)
   assert norms.max() <= linear_losses.SOFTMAX_LIPSCHITZ + 1e-6
   assert norms.max() > 1.3  # the bound is nearly attained by confident wrong predictions
-  hess = jax.vmap(jax.hessian(lambda a, y: linear_losses.softmax_cross_entropy(a, y)))(logits, labels)
+  hess = jax.jit(jax.vmap(jax.hessian(lambda a, y: linear_losses.softmax_cross_entropy(a, y))))(
+      logits, labels)
   assert np.linalg.eigvalsh(np.asarray(hess, np.float64)).max() <= 0.5 + 1e-6
 
 
@@ -55,8 +58,8 @@ def test_binary_loss_derivative_bounds():
   for loss, curv in [("logistic", 0.25), ("huber", 1.0 / (2 * 0.3))]:
     f = (lambda v: linear_losses.binary_logistic(v)) if loss == "logistic" else (
         lambda v: linear_losses.huberized_hinge(v, 0.3))
-    d1 = jax.vmap(jax.grad(f))(z)
-    d2 = jax.vmap(jax.grad(jax.grad(f)))(z)
+    d1 = jax.jit(jax.vmap(jax.grad(f)))(z)
+    d2 = jax.jit(jax.vmap(jax.grad(jax.grad(f))))(z)
     assert float(jnp.max(jnp.abs(d1))) <= linear_losses.lipschitz_constant(loss) + 1e-6
     assert float(jnp.max(jnp.abs(d2))) <= linear_losses.curvature_bound(loss, 0.3) + 1e-5
     assert float(jnp.max(jnp.abs(d2))) >= 0.9 * curv

@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import _validation
+from jaxdp.training.dpsgd import _inputs
 from jaxdp.training.dpsgd.sampling import MaskedBatch
 
 PyTree = Any
@@ -289,9 +290,10 @@ def clipped_grad(
   :class:`~jaxdp.training.dpsgd.sampling.MaskedBatch` (what
   ``PaddedBatch.gather`` returns) in place of the batch arguments; the mask
   travels with the batch, so it cannot be forgotten (padding slots repeat
-  example 0, and summing them unmasked would break the sensitivity). Giving
-  ``mask=`` as well raises ``ValueError``. A plain array batch without
-  ``mask`` means every row is a real example.
+  example 0, and summing them unmasked would break the sensitivity; the
+  chunk's ``padded_indices`` therefore refuse to index an array without the
+  mask). Giving ``mask=`` as well raises ``ValueError``. A plain array batch
+  without ``mask`` means every row is a real example.
 
   Precision: per-example gradients are clipped and summed in at least float32
   (bfloat16/float16 params give a float32 ``grad_sum``), with the clip norm
@@ -308,7 +310,10 @@ def clipped_grad(
       that is a PREFIX of the params tree whose leaves are the per-group clip
       norms ``c_k`` (a subtree of params under one entry forms one group).
     batch_argnums: positional argument index/indices (>= 1) that carry the
-      batch axis.
+      batch axis (default 1: ``loss_fn(params, x)``; ``(1, 2)`` for
+      ``loss_fn(params, x, y)`` with per-example labels, as ``make_private``
+      uses). A loss that cannot be evaluated on one example of the batch
+      arguments raises ``ValueError`` naming the ``batch_argnums`` to pass.
     microbatch_size: if set, the batch is processed in chunks of this many
       examples with ``jax.lax.scan`` (bounded memory: one chunk's per-example
       gradients live at a time); B need not be a multiple (the tail is padded
@@ -482,6 +487,11 @@ def clipped_grad(
     b = batch_leaves[0].shape[0]
     if any(leaf.shape[0] != b for leaf in batch_leaves):
       raise ValueError("all batch_argnums arrays must share the leading batch size.")
+    # One abstract evaluation (shapes only) of the loss on one example: a named error for a
+    # wrong feature count, a batch argument missing from batch_argnums, a non-scalar loss or
+    # BatchNorm in training mode, instead of one from inside jax/optax/flax.
+    _inputs.probe_loss(loss_fn, params, rest, batch_argnums=batch_argnums, has_aux=has_aux,
+                       what="loss_fn")
     if mask is None:
       mask = jnp.ones((b,), jnp.float32)
     else:

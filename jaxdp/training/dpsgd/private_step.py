@@ -43,8 +43,19 @@ can only be used together:
   ``N(0, (sigma S)^2 I)`` once to the SUM, divides by ``q N`` and applies the
   optax optimiser (:func:`.transforms.noisy_aggregate`).
 * :meth:`PrivateSGD.epsilon` and :meth:`PaidSampler.epsilon`: epsilon of the
-  steps paid so far, ``dpsgd_epsilon(sigma, q, t, delta)``; the accountant's
-  ledger holds the same t steps (one merged entry ``t x PoissonSampled``).
+  steps paid so far, ``dpsgd_epsilon(sigma, q, t, delta, accountant_method)``,
+  by the method sigma was calibrated with; ``guarantee()`` returns it as a
+  ``PrivacyGuarantee`` that names the method. The accountant's ledger holds
+  the same t steps (one merged entry ``t x PoissonSampled``), and
+  ``accountant.get_epsilon(delta, accountant_method)`` gives the same number
+  (its default ``"auto"`` is the smallest of all sound bounds, possibly smaller).
+
+Inputs: ``gather`` and ``step`` check the data and the model before any
+gradient (the checks :func:`.train.train_dpsgd` runs, shared in ``_inputs``);
+a refused call consumes nothing, and the next ``sampler.sample()`` hands out
+the same paid batch again, so the ledger keeps exactly one paid step per
+applied update. :meth:`PrivateSGD.check_inputs` runs them on the whole
+dataset before anything is paid.
 
 Randomness: ``key`` is split exactly as :func:`.train.train_dpsgd` splits it
 (``init, sampling, noise = split(key, 3)``; step t samples with
@@ -69,7 +80,7 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import clipping, sampling, transforms
+from jaxdp.training.dpsgd import _inputs, clipping, sampling, transforms
 
 PyTree = Any
 
@@ -138,14 +149,21 @@ jax.tree_util.register_dataclass(
 class PoissonBatch:
   """The index chunks of one paid Poisson batch (host side); see :meth:`gather`.
 
+  A batch is consumed only by a successful :meth:`PrivateSGD.step`. A
+  :meth:`gather` or ``step`` that refuses its inputs leaves it usable: gather it
+  again (or call ``sampler.sample()``, which hands the same paid batch out
+  again), so a failed call never wastes a paid step.
+
   Attributes:
     step_index: the step this batch was paid for (0-based).
     chunks: list of :class:`~.sampling.PaddedBatch` of size P (more than one
       only when the batch overflowed P, or with a small ``physical_batch_size``).
   """
 
-  def __init__(self, plan: "PrivateSGD", step_index: int, chunks: list[sampling.PaddedBatch]):
+  def __init__(self, plan: "PrivateSGD", step_index: int, chunks: list[sampling.PaddedBatch],
+               sampler: "PaidSampler | None" = None):
     self._plan = plan
+    self._sampler = sampler
     self.step_index = step_index
     self.chunks = chunks
     self._used = False
@@ -155,36 +173,51 @@ class PoissonBatch:
     """Realised batch size (NON-PRIVATE: do not publish it)."""
     return int(sum(c.num_examples for c in self.chunks))
 
+  def _kept(self) -> str:
+    return (f" Nothing was spent by this call: the paid batch of step {self.step_index} is kept "
+            "for a corrected call (sampler.sample() hands it out again).")
+
+  def _refused(self) -> None:
+    """Marks the batch for reuse after a refused gather/step (the next sample() returns it)."""
+    if self._sampler is not None and not self._used:
+      self._sampler._hand_out_again(self)  # pylint: disable=protected-access
+
   def gather(self, *arrays: Any) -> "PrivateBatch":
     """The batch's examples of ``arrays`` (dataset on the leading axis), stacked per chunk.
 
     One argument per batch argument of the per-example loss (``batch_argnums``),
-    e.g. ``gather(x, y)``. Every array must have exactly ``num_examples`` rows
-    (the N that q and ``q N`` were computed from) and finite floats.
+    e.g. ``gather(x, y)``. Every array must be real numeric data with exactly
+    ``num_examples`` rows (the N that q and ``q N`` were computed from), finite
+    in the sampled rows, and integer labels for a loss made by
+    :func:`~.train.make_per_example_loss` (the checks of
+    :func:`~.train.train_dpsgd`, shared in ``_inputs``). A refused call leaves
+    the batch usable (class docstring).
     """
+    try:
+      return self._gather(arrays)
+    except (TypeError, ValueError):
+      self._refused()
+      raise
+
+  def _gather(self, arrays: tuple) -> "PrivateBatch":
     plan = self._plan
+    kept = self._kept()
     if len(arrays) != len(plan.batch_argnums):
       raise ValueError(f"gather needs {len(plan.batch_argnums)} arrays (one per batch argument "
-                       f"of the loss, batch_argnums={plan.batch_argnums}), got {len(arrays)}.")
-    for i, a in enumerate(arrays):
-      for leaf in jax.tree.leaves(a):
-        rows = np.shape(leaf)[0] if np.ndim(leaf) else None
-        if rows != plan.num_examples:
-          raise ValueError(
-              f"gather argument {i} has {rows} rows but the plan was made for num_examples="
-              f"{plan.num_examples}: q and the divisor q N would not match this dataset.")
-    idx = np.stack([c.padded_indices for c in self.chunks])  # (K, P)
-    mask = np.stack([c.mask for c in self.chunks])  # (K, P)
+                       f"of the loss, batch_argnums={plan.batch_argnums}), got {len(arrays)}."
+                       + kept)
+    names = tuple(f"gather argument {i}" for i in range(len(arrays)))
+    label = plan._label_position()  # pylint: disable=protected-access
+    if label is not None:
+      _inputs.check_label_dtype(arrays[label], names[label] + " (labels)", kept)
+    slots = [c.slots_and_mask() for c in self.chunks]
+    idx = np.stack([i for i, _ in slots])  # (K, P)
+    mask = np.stack([m for _, m in slots])  # (K, P)
     # Index where the data lives (host numpy or device), then move only the batch.
-    taken = tuple(jax.tree.map(lambda a: a[idx], a) for a in arrays)
-    for i, a in enumerate(taken):
-      for leaf in jax.tree.leaves(a):
-        xp = np if isinstance(leaf, np.ndarray) else jnp
-        if xp.issubdtype(leaf.dtype, np.inexact) and not bool(xp.all(xp.isfinite(leaf))):
-          raise ValueError(f"gather argument {i} holds NaN or inf values in the sampled rows; "
-                           "a non-finite example breaks the clipping bound.")
+    taken = _inputs.check_examples(arrays, names, plan.num_examples, take=idx, where=kept)
+    host_labels = taken[label] if label is not None else None
     taken = jax.tree.map(jnp.asarray, taken)
-    return PrivateBatch(self, sampling.MaskedBatch(taken, jnp.asarray(mask)))
+    return PrivateBatch(self, sampling.MaskedBatch(taken, jnp.asarray(mask)), host_labels)
 
 
 class PrivateBatch:
@@ -193,9 +226,10 @@ class PrivateBatch:
   The only batch type :meth:`PrivateSGD.step` accepts; usable once.
   """
 
-  def __init__(self, ticket: PoissonBatch, masked: sampling.MaskedBatch):
+  def __init__(self, ticket: PoissonBatch, masked: sampling.MaskedBatch, host_labels: Any = None):
     self._ticket = ticket
     self.masked = masked
+    self._host_labels = host_labels
 
   @property
   def step_index(self) -> int:
@@ -230,6 +264,11 @@ class PaidSampler:
     self._poisson = sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
                                             padded_size=plan.padded_size, on_overflow="split")
     self._keys = jax.random.split(plan._sample_key, plan.steps)  # pylint: disable=protected-access
+    self._again: list[PoissonBatch] = []  # paid batches whose gather/step was refused
+
+  def _hand_out_again(self, batch: PoissonBatch) -> None:
+    if batch not in self._again:
+      self._again.append(batch)
 
   @property
   def steps_remaining(self) -> int:
@@ -266,17 +305,32 @@ class PaidSampler:
     return jax.random.fold_in(jax.random.fold_in(self._plan._sample_key, _EXTRA_STEPS_FOLD), t)  # pylint: disable=protected-access
 
   def sample(self) -> PoissonBatch:
-    """The next step's Poisson batch (index chunks); pays one step first if none is prepaid."""
+    """The next step's Poisson batch (index chunks); pays one step first if none is prepaid.
+
+    A paid batch whose ``gather`` or ``step`` was refused (and that was not
+    used since) is handed out again, unpaid a second time, before any new one.
+    """
+    self._again = [b for b in self._again if not b._used]  # pylint: disable=protected-access
+    if self._again:
+      return self._again.pop(0)
     if self.steps_sampled >= self.steps_paid:
       self.pay(1)
     t = self.steps_sampled
     chunks = self._poisson.sample(self._key(t))
     self.steps_sampled += 1
-    return PoissonBatch(self._plan, t, chunks)
+    return PoissonBatch(self._plan, t, chunks, self)
 
   def epsilon(self, delta: float | None = None) -> float:
-    """Epsilon of the DP-SGD steps paid so far (at the plan's ``delta`` by default)."""
+    """Epsilon of the DP-SGD steps paid so far (at the plan's ``delta`` by default).
+
+    By the plan's ``accountant_method`` (the calibration's); :meth:`guarantee`
+    returns it with the method named.
+    """
     return self._plan.epsilon(self.steps_paid, delta)
+
+  def guarantee(self, delta: float | None = None) -> Any:
+    """:meth:`epsilon` as a ``PrivacyGuarantee`` naming its method, relation and unit."""
+    return self._plan.guarantee(self.steps_paid, delta)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -325,6 +379,61 @@ class PrivateSGD:
   _sample_key: jax.Array = dataclasses.field(repr=False)
   _update: Callable[..., Any] = dataclasses.field(repr=False)
   _opened: list = dataclasses.field(repr=False)
+  per_example_loss: Callable[..., Any] = dataclasses.field(default=None, repr=False)
+  _checked: dict = dataclasses.field(default_factory=dict, repr=False)
+
+  def _label_position(self) -> int | None:
+    """Index of the labels among the gathered arrays, for a make_per_example_loss loss."""
+    if getattr(self.per_example_loss, "integer_labels", False) and self.batch_argnums == (1, 2):
+      return 1
+    return None
+
+  def _check_model(self, params: PyTree, arrays: tuple, where: str) -> int | None:
+    """Probes the loss on one example (once per shapes); returns the number of classes or None.
+
+    ``arrays`` carry a leading example axis (the dataset, or one chunk of a batch).
+    """
+    p_leaves, a_leaves = jax.tree.leaves(params), jax.tree.leaves(arrays)
+    dtype = _inputs._dtype_of  # pylint: disable=protected-access
+    sig = (jax.tree.structure(params), jax.tree.structure(arrays),
+           tuple((np.shape(a), str(dtype(a))) for a in p_leaves),
+           tuple((np.shape(a)[1:], str(dtype(a))) for a in a_leaves))
+    if sig not in self._checked:
+      names = [f"gather argument {i}" for i in range(len(arrays))]
+      try:
+        _inputs.probe_loss(self.per_example_loss, params, arrays,
+                           batch_argnums=tuple(range(1, len(arrays) + 1)), names=names,
+                           what="per_example_loss")
+      except ValueError as err:
+        raise ValueError(f"{err}{where}") from err
+      classes = None
+      if self._label_position() is not None:
+        logits_fn = getattr(self.per_example_loss, "logits_fn")
+        classes = _inputs.num_classes_of(logits_fn, params, _inputs.example_spec(arrays[0]))
+      self._checked[sig] = classes
+    return self._checked[sig]
+
+  def check_inputs(self, params: PyTree, *arrays: Any) -> None:
+    """Runs every input check of :meth:`step` on the WHOLE dataset, before anything is paid.
+
+    The same checks as ``gather`` + ``step`` (and :func:`~.train.train_dpsgd`):
+    real, finite data with ``num_examples`` rows, integer labels in range for a
+    :func:`~.train.make_per_example_loss` loss, and a loss that evaluates to a
+    scalar on one example (no BatchNorm in training mode). Optional: ``step``
+    runs them on each batch anyway; calling this first finds a problem
+    before the first step is paid. Nothing is spent.
+    """
+    if len(arrays) != len(self.batch_argnums):
+      raise ValueError(f"check_inputs needs params and {len(self.batch_argnums)} arrays (one per "
+                       f"batch argument, batch_argnums={self.batch_argnums}), got {len(arrays)}.")
+    names = tuple(f"gather argument {i}" for i in range(len(arrays)))
+    label = self._label_position()
+    if label is not None:
+      _inputs.check_label_dtype(arrays[label], names[label] + " (labels)")
+    _inputs.check_examples(arrays, names, self.num_examples)
+    classes = self._check_model(params, arrays, "")
+    if label is not None:
+      _inputs.check_labels(arrays[label], names[label] + " (labels)", classes)
 
   def init(self, params: PyTree) -> PrivateState:
     """The optimiser state for ``params`` (noise key, step count 0, base optimiser state)."""
@@ -360,8 +469,21 @@ class PrivateSGD:
         events.GaussianDpEvent(self.noise_multiplier, neighbouring=events.ADD_REMOVE,
                                unit=self.unit))
 
+  def guarantee(self, steps: int, delta: float | None = None) -> Any:
+    """:meth:`epsilon` as a ``PrivacyGuarantee`` (add/remove, ``unit``, ``accountant_method``).
+
+    The one number to report for the run: the method is the calibration's, and
+    ``accountant.get_epsilon(delta, private.accountant_method)`` on the ledger
+    gives the same value (the ledger's default ``"auto"`` takes the smallest of
+    all its sound bounds and can be smaller).
+    """
+    from jaxdp.accounting.accountant import PrivacyGuarantee  # pylint: disable=g-import-not-at-top
+    eps = self.epsilon(steps, delta)
+    return PrivacyGuarantee(eps, float(self.delta if delta is None else delta), events.ADD_REMOVE,
+                            self.unit, self.accountant_method)
+
   def epsilon(self, steps: int, delta: float | None = None) -> float:
-    """``dpsgd_epsilon(sigma, q, steps, delta)`` (0 for 0 steps, inf for sigma = 0)."""
+    """``dpsgd_epsilon(sigma, q, steps, delta, accountant_method)`` (0 steps: 0; sigma = 0: inf)."""
     if delta is None:
       if self.delta is None:
         raise ValueError("give delta: the plan was made with a noise multiplier and no delta.")
@@ -388,7 +510,11 @@ class PrivateSGD:
       TypeError: ``batch`` is not a :class:`PrivateBatch` (e.g. a raw
         ``(x, y)`` tuple or a ``MaskedBatch`` made by hand).
       ValueError: the batch comes from another plan, was already used, or its
-        step index is not the state's step count.
+        step index is not the state's step count; or the inputs are refused
+        before the update (labels outside the model's classes, a loss that
+        fails or is not a scalar on one example, e.g. a wrong feature count,
+        BatchNorm in training mode). A refused batch of this plan is not
+        consumed: the next ``sampler.sample()`` hands it out again.
     """
     if not isinstance(batch, PrivateBatch):
       raise TypeError(
@@ -398,19 +524,32 @@ class PrivateSGD:
     ticket = batch._ticket  # pylint: disable=protected-access
     if ticket._plan is not self:  # pylint: disable=protected-access
       raise ValueError("this batch was sampled by another plan (another q, N, P or key).")
-    if ticket._used:  # pylint: disable=protected-access
-      raise ValueError(f"the batch of step {ticket.step_index} was already used for an update; "
-                       "every update needs a freshly sampled (and paid) batch.")
-    if isinstance(state, PrivateState):
+    kept = ticket._kept()  # pylint: disable=protected-access
+    try:
+      if ticket._used:  # pylint: disable=protected-access
+        raise ValueError(f"the batch of step {ticket.step_index} was already used for an update; "
+                         "every update needs a freshly sampled (and paid) batch.")
+      if not isinstance(state, PrivateState):
+        raise TypeError(f"state must be the PrivateState from init(), got "
+                        f"{type(state).__name__}.{kept}")
       current = int(state.step)
-    else:
-      raise TypeError(f"state must be the PrivateState from init(), got {type(state).__name__}.")
-    if current != ticket.step_index:
-      raise ValueError(
-          f"the batch was paid for step {ticket.step_index} but the state has applied "
-          f"{current} updates: reusing an old state would reuse its noise key.")
+      if current != ticket.step_index:
+        raise ValueError(
+            f"the batch was paid for step {ticket.step_index} but the state has applied "
+            f"{current} updates: reusing an old state would reuse its noise key.{kept}")
+      # Shapes of one chunk (P, ...), without touching the data.
+      chunk = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                           batch.masked.arrays)
+      classes = self._check_model(params, chunk, kept)
+      label = self._label_position()
+      if label is not None:
+        host_labels = batch._host_labels  # pylint: disable=protected-access
+        _inputs.check_labels(host_labels, f"gather argument {label} (labels)", classes, kept)
+      params, opt_state, info = self._update(params, state.opt_state, batch.masked)
+    except (TypeError, ValueError):
+      ticket._refused()  # pylint: disable=protected-access  (no-op for a used batch)
+      raise
     ticket._used = True  # pylint: disable=protected-access
-    params, opt_state, info = self._update(params, state.opt_state, batch.masked)
     return params, PrivateState(opt_state), info
 
 
@@ -475,7 +614,9 @@ def make_private(
     clipping_method, per_layer, microbatch_size, batch_argnums: see
       :func:`~.clipping.clipped_grad` (``batch_argnums`` default ``(1, 2)``
       for ``loss(params, x, y)``).
-    accountant_method: ``"rdp"`` or ``"pld"`` for calibration and epsilon.
+    accountant_method: ``"rdp"`` (default) or ``"pld"``: ONE method for the
+      calibration and every reported epsilon (``guarantee()`` names it);
+      ``"pld"`` is tighter (5-10% less noise) but calibrates in tens of seconds.
     unit: privacy unit of the events (default ``"example"``).
     allow_extra_steps: allow paying (and running) more than T steps; each is
       accounted, so epsilon grows past the target.
@@ -506,24 +647,33 @@ def make_private(
     raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
   if delta is not None:
     delta = _validation.check_delta(delta, allow_zero=False)
-  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
-                                                    t_planned, accountant=accountant_method)
   unit = events.check_unit(unit)
   if not isinstance(allow_extra_steps, bool):
     raise TypeError(f"allow_extra_steps must be a bool, got {allow_extra_steps!r}.")
-  if isinstance(batch_argnums, int):
+  if isinstance(batch_argnums, (int, np.integer)) and not isinstance(batch_argnums, bool):
     batch_argnums = (batch_argnums,)
-  batch_argnums = tuple(int(a) for a in batch_argnums)
+  try:
+    batch_argnums = tuple(sorted(_validation.check_positive_int(a, "batch_argnums entry")
+                                 for a in batch_argnums))
+  except TypeError as err:
+    raise TypeError(f"batch_argnums must be an int or a sequence of ints >= 1, got "
+                    f"{batch_argnums!r}.") from err
+  if batch_argnums != tuple(range(1, len(batch_argnums) + 1)):
+    raise ValueError(f"batch_argnums must be (1, ..., k): every argument of per_example_loss "
+                     f"after params is gathered from the batch, got {batch_argnums}.")
 
   grad_fn = clipping.clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
                                   batch_argnums=batch_argnums, microbatch_size=microbatch_size,
                                   per_layer=per_layer, method=clipping_method)
   sensitivity = float(grad_fn.sensitivity)
-  if sigma > 0 and math.isinf(sensitivity):
-    raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   # Validates physical_batch_size / overflow_prob and fixes P once.
   padded = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
                                    overflow_prob=overflow_prob, on_overflow="split").padded_size
+  # Calibration last: the slow part (seconds), after every cheap check.
+  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
+                                                    t_planned, accountant=accountant_method)
+  if sigma > 0 and math.isinf(sensitivity):
+    raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   _, sample_key, noise_key = jax.random.split(key, 3)
   expected = q * n
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
@@ -558,7 +708,7 @@ def make_private(
       target_epsilon=target_epsilon, noise_stddev=transforms.noise_stddev(sigma, sensitivity),
       optimizer=tx, base_optimizer=base, clipped_grad_fn=grad_fn, batch_argnums=batch_argnums,
       accountant_method=accountant_method, unit=unit, allow_extra_steps=allow_extra_steps,
-      _sample_key=sample_key, _update=update, _opened=[])
+      _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss)
 
 
 __all__ = ["PaidSampler", "PoissonBatch", "PrivateBatch", "PrivateSGD", "PrivateState",

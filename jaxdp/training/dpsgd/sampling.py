@@ -92,19 +92,80 @@ class MaskedBatch:
 jax.tree_util.register_dataclass(MaskedBatch, data_fields=["arrays", "mask"], meta_fields=[])
 
 
+class PaddedIndices:
+  """The P index slots of a padded chunk, padding included: usable only WITH the mask.
+
+  Padding slots repeat example 0, so indexing a dataset with all P slots and
+  summing the result counts one example many times (49 "examples" where 16
+  were sampled) and breaks the sensitivity. This type therefore refuses to be
+  converted to an array (``x[chunk.padded_indices]``, ``np.asarray(...)``
+  raise ``TypeError``); use :meth:`PaddedBatch.gather` (the mask travels with
+  the batch) or :attr:`PaddedBatch.indices` (the sampled examples only).
+  Indexing it with the chunk's own mask (``padded_indices[chunk.mask]``) gives
+  the sampled indices; :meth:`with_mask` returns the raw ``(indices, mask)``
+  pair for code that applies the mask itself.
+
+  Attributes:
+    shape, dtype: of the (P,) int32 slots.
+  """
+
+  __slots__ = ("_slots", "_mask")
+
+  def __init__(self, slots: np.ndarray, mask: np.ndarray):
+    self._slots = np.asarray(slots, np.int32)
+    self._mask = np.asarray(mask, bool)
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return self._slots.shape
+
+  @property
+  def dtype(self) -> np.dtype:
+    return self._slots.dtype
+
+  def __len__(self) -> int:
+    return int(self._slots.shape[0])
+
+  def with_mask(self) -> tuple[np.ndarray, np.ndarray]:
+    """``(slots, mask)``: the (P,) indices (padding included) and the (P,) bool mask, together."""
+    return self._slots.copy(), self._mask.copy()
+
+  def __getitem__(self, item: Any) -> np.ndarray:
+    sel = np.asarray(item)
+    if sel.dtype == bool and sel.shape == self._mask.shape and not np.any(sel & ~self._mask):
+      return self._slots[sel]
+    raise TypeError("padded_indices can only be indexed with the chunk's mask "
+                    "(padded_indices[chunk.mask], i.e. chunk.indices): the other slots are "
+                    "padding.")
+
+  def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    raise TypeError(
+        "a padded chunk's padded_indices include padding slots (copies of example 0) and cannot "
+        "be used without the mask: build the batch with chunk.gather(x, y) (a MaskedBatch for "
+        "clipped_grad), use chunk.indices for the sampled examples only, or "
+        "chunk.padded_indices.with_mask() to get both.")
+
+  def __repr__(self) -> str:
+    return (f"PaddedIndices(P={len(self)}; includes padding slots, unusable without the mask: "
+            "use chunk.gather(x, y) or chunk.indices)")
+
+
 class PaddedBatch(NamedTuple):
   """One static-shape chunk of a Poisson batch.
 
   Use :meth:`gather` to build the (padded) batch: it returns a
-  :class:`MaskedBatch` that carries the mask into :func:`clipped_grad`.
+  :class:`MaskedBatch` that carries the mask into :func:`clipped_grad`. The
+  padded slots cannot be used without the mask (:class:`PaddedIndices`
+  refuses to become an array).
 
   Attributes:
-    padded_indices: (P,) int32 example indices; padding slots hold index 0
-      (a real example, so every gathered input is finite) and MUST be masked.
+    padded_indices: :class:`PaddedIndices`: P example indices; padding slots
+      hold index 0 (a real example, so every gathered input is finite) and MUST
+      be masked.
     mask: (P,) bool, True for real examples.
   """
 
-  padded_indices: np.ndarray
+  padded_indices: PaddedIndices
   mask: np.ndarray
 
   @property
@@ -116,6 +177,10 @@ class PaddedBatch(NamedTuple):
   def num_examples(self) -> int:
     return int(self.mask.sum())
 
+  def slots_and_mask(self) -> tuple[np.ndarray, np.ndarray]:
+    """``(slots, mask)`` as (P,) int32 and (P,) bool arrays (padding included, with its mask)."""
+    return self.padded_indices.with_mask()
+
   def gather(self, *arrays: Any) -> MaskedBatch:
     """``MaskedBatch((a[padded_indices] for a in arrays), mask)``: a static-shape batch.
 
@@ -125,9 +190,9 @@ class PaddedBatch(NamedTuple):
     """
     if not arrays:
       raise ValueError("gather needs at least one array (the dataset on the leading axis).")
-    idx = self.padded_indices
+    idx, mask = self.slots_and_mask()
     taken = tuple(jax.tree.map(lambda a: a[idx], a) for a in arrays)
-    return MaskedBatch(taken, self.mask)
+    return MaskedBatch(taken, mask)
 
 
 def resolve_sample_rate(sample_rate: float | None, expected_batch_size: float | None,
@@ -279,7 +344,8 @@ def pad_and_split(indices: np.ndarray, padded_size: int,
   padded[:n] = indices
   mask = np.zeros(n_chunks * p, bool)
   mask[:n] = True
-  return [PaddedBatch(padded[i * p:(i + 1) * p], mask[i * p:(i + 1) * p])
+  return [PaddedBatch(PaddedIndices(padded[i * p:(i + 1) * p], mask[i * p:(i + 1) * p]),
+                      mask[i * p:(i + 1) * p])
           for i in range(n_chunks)]
 
 

@@ -41,7 +41,7 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import clipping, sampling, transforms
+from jaxdp.training.dpsgd import _inputs, clipping, sampling, transforms
 
 PyTree = Any
 
@@ -70,6 +70,11 @@ class DPSGDResult:
       (``on_overflow="raise"``): ``(1 + e^epsilon) * steps * p`` with
       ``p = Pr[Binomial(N + 1, q) > P]`` (:func:`.sampling.abort_delta`); 0 for
       ``"split"``.
+    accountant_method: the method of ``epsilon`` (and of the calibration):
+      ``"rdp"`` or ``"pld"``. ``accountant.get_epsilon(delta, accountant_method)``
+      gives the same number from the ledger; the ledger's default ``"auto"``
+      is the smallest of all its sound bounds and can be smaller (e.g. PLD
+      when this is ``"rdp"``). Report :attr:`guarantee`, which names it.
   """
 
   params: PyTree
@@ -85,6 +90,18 @@ class DPSGDResult:
   accountant: Any
   seconds: float
   overflow_delta: float = 0.0
+  accountant_method: str = "rdp"
+
+  @property
+  def guarantee(self) -> Any:
+    """``PrivacyGuarantee(epsilon, delta, "add_remove", "example", accountant_method)``.
+
+    The one number to report for this run, with the method that produced it
+    (the one the noise was calibrated with) and what it is a guarantee about.
+    """
+    from jaxdp.accounting.accountant import PrivacyGuarantee  # pylint: disable=g-import-not-at-top
+    return PrivacyGuarantee(self.epsilon, self.delta, events.ADD_REMOVE, events.DEFAULT_UNIT,
+                            self.accountant_method)
 
 
 def _model_apply(model: Any, params: PyTree | None, init_key: jax.Array,
@@ -111,7 +128,10 @@ def _model_apply(model: Any, params: PyTree | None, init_key: jax.Array,
   if not hasattr(model, "apply"):
     raise ValueError("model must be a flax.linen.Module or a flax.nnx.Module.")
   if params is None:
-    params = model.init(init_key, example)["params"]
+    variables = model.init(init_key, example)
+    if "batch_stats" in variables:
+      raise _inputs.batchnorm_error("model")
+    params = variables["params"]
   elif isinstance(params, dict) and "params" in params and len(params) == 1:
     params = params["params"]
 
@@ -129,12 +149,16 @@ def make_per_example_loss(apply: Callable[[PyTree, jax.Array], jax.Array],
   Default loss: softmax cross-entropy with integer labels (the multi-class
   logistic loss of paper 000 Section 4.1).
   """
+  integer_labels = loss is None
   if loss is None:
     loss = optax.softmax_cross_entropy_with_integer_labels
 
   def per_example(params, x, y):
     return loss(apply(params, x[None])[0], y)
 
+  # Read by make_private / train_dpsgd to check the labels against the model's outputs.
+  per_example.logits_fn = apply
+  per_example.integer_labels = integer_labels
   return per_example
 
 
@@ -226,7 +250,12 @@ def train_dpsgd(
       trained and written back). The model is applied deterministically to one
       example at a time: no BatchNorm statistics (they mix examples; use
       GroupNorm) and no dropout (non-``Param`` nnx state is held fixed).
-    x, y: training inputs (N, ...) and integer labels (N,).
+    x, y: training inputs (N, ...) (real and finite) and labels (N,): integers
+      in ``[0, num_classes)`` for the default loss. Checked before anything is
+      computed or spent (``ValueError``/``TypeError`` naming the argument):
+      ``len(x) == len(y)``, no NaN/inf, no complex or non-numeric data, labels
+      in range, a model that accepts one example of ``x`` and has no BatchNorm
+      in training mode.
     key: ``jax.random`` key; split into init / sampling / noise keys.
     epochs: expected passes over the data; steps T = ceil(epochs / q).
     l2_clip_norm: per-example clip norm (or per-group norms with ``per_layer``).
@@ -246,7 +275,10 @@ def train_dpsgd(
     max_overflow_delta_fraction: with ``on_overflow="raise"``, refuse (ValueError)
       a padded size whose abort delta ``(1 + e^epsilon) * steps * p`` exceeds
       this fraction of ``delta``.
-    accountant_method: ``"rdp"`` or ``"pld"``.
+    accountant_method: ``"rdp"`` (default) or ``"pld"``: ONE method for the
+      calibration of sigma and for ``result.epsilon`` / ``result.guarantee``
+      (which names it). ``"pld"`` is tighter (a smaller sigma for the same
+      target) but its calibration takes tens of seconds.
     accountant: a ``PrivacyAccountant`` (anything with ``spend(event, count)``)
       to record the DP-SGD event on; ``"default"`` makes a fresh one; ``None``
       records nothing.
@@ -255,15 +287,31 @@ def train_dpsgd(
     progress: show a tqdm bar.
   """
   _validation.check_key(key)
-  n = int(len(y))
-  _validation.check_positive_int(n, "len(y)")
+  # Every input is checked here, before any calibration, gradient or spend.
+  if accountant_method not in ("rdp", "pld"):
+    raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
+  if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
+          or hasattr(accountant, "spend")):
+    raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
+                    f"spend(event, count)), 'default' or None, got {accountant!r}.")
+  if loss is not None and not callable(loss):
+    raise TypeError(f"loss must be callable, got {type(loss).__name__}.")
+  if not hasattr(x, "dtype"):
+    x = np.asarray(x)
+  if not hasattr(y, "dtype"):
+    y = np.asarray(y)
+  x_rows = np.shape(x)[0] if np.ndim(x) else None
+  y_rows = np.shape(y)[0] if np.ndim(y) else None
+  if x_rows is None or y_rows is None or x_rows != y_rows:
+    raise ValueError(f"x and y must have the same number of rows (one label per example), got "
+                     f"x of shape {np.shape(x)} and y of shape {np.shape(y)}.")
+  n = _validation.check_positive_int(int(y_rows), "len(y)")
+  if loss is None:
+    _inputs.check_label_dtype(y, "y")
+  _inputs.check_examples((x, y), ("x", "y"), n)
   q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
   delta = _validation.check_delta(delta, allow_zero=False)
   steps = dpsgd_accounting.steps_for_epochs(epochs, q)
-  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
-                                                    steps, accountant=accountant_method)
-  if accountant == "default":
-    accountant = _default_accountant()
   frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
   if not 0.0 < frac <= 1.0:
     raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
@@ -271,8 +319,15 @@ def train_dpsgd(
   init_key, sample_key, noise_key = jax.random.split(key, 3)
   x = jnp.asarray(x)
   y = jnp.asarray(y)
+  _inputs.refuse_batchnorm_nnx(model)
   apply, params, write_back = _model_apply(model, params, init_key, x[:1])
   per_example = make_per_example_loss(apply, loss)
+  _inputs.probe_loss(per_example, params, (x, y), batch_argnums=(1, 2), names=("x", "y"),
+                     what="the model and loss")
+  if loss is None:
+    _inputs.check_labels(y, "y", _inputs.num_classes_of(apply, params, _inputs.example_spec(x)))
+  if isinstance(accountant, str):
+    accountant = _default_accountant()
   grad_fn = clipping.clipped_grad(per_example, l2_clip_norm=l2_clip_norm, batch_argnums=(1, 2),
                                   microbatch_size=microbatch_size, per_layer=per_layer,
                                   method=clipping_method)
@@ -285,6 +340,9 @@ def train_dpsgd(
   sampler = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
                                     overflow_prob=overflow_prob, on_overflow=on_overflow,
                                     multiple_of=n_dev)
+  # Calibration last: it is the slow part (seconds), and every cheap check ran before it.
+  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
+                                                    steps, accountant=accountant_method)
   sensitivity = grad_fn.sensitivity
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
@@ -356,16 +414,18 @@ def train_dpsgd(
     acc = zeros
     loss_sum = jnp.zeros(())
     for c in chunks[:-1]:
-      acc, ls = accumulate(params, acc, x, y, jnp.asarray(c.padded_indices), jnp.asarray(c.mask))
+      idx, mask = c.slots_and_mask()
+      acc, ls = accumulate(params, acc, x, y, jnp.asarray(idx), jnp.asarray(mask))
       loss_sum = loss_sum + ls
-    last = chunks[-1]
-    params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(last.padded_indices),
-                                  jnp.asarray(last.mask))
+    idx, mask = chunks[-1].slots_and_mask()
+    params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(idx),
+                                  jnp.asarray(mask))
     steps_run = t + 1
     loss_acc += float(loss_sum + ls)
     count_acc += sum(c.num_examples for c in chunks)
     if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
       rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
+             "accountant_method": accountant_method,
              "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
       rec.update(eval_fn(params))
       history.append(rec)
@@ -373,6 +433,7 @@ def train_dpsgd(
   seconds = time.perf_counter() - t0
   eps = epsilon_after(steps_run)
   rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": eps,
+         "accountant_method": accountant_method,
          "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
   if eval_fn is not None:
     rec.update(eval_fn(params))
@@ -383,4 +444,4 @@ def train_dpsgd(
                      expected_batch_size=sampler.expected_batch_size,
                      sensitivity=float(sensitivity), padded_size=sampler.padded_size,
                      history=history, accountant=accountant, seconds=seconds,
-                     overflow_delta=overflow_delta)
+                     overflow_delta=overflow_delta, accountant_method=accountant_method)

@@ -1,0 +1,97 @@
+"""experiments/tradeoffs.py with account_selection=True selects with jaxdp.training.private_argmax.
+
+Tiny grid on the embedded digits set (model sensitivity: certified fits, no teachers).
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+import _repo_modules
+
+from jaxdp import results_io
+from jaxdp.training import selection
+
+_load = _repo_modules.load
+
+
+def _tiny(tmp_path, **over):
+  config = _load("configs/tradeoffs.py").get_config("fig1")
+  config.n_train = 0
+  config.axis_values = (10.0,)
+  config.epsilons = (10.0,)
+  config.deltas = (1e-5,)
+  config.methods = ("model_sensitivity",)
+  config.l2_regs = (1e-3, 1e-2)
+  config.num_teachers = 0
+  config.num_seeds = 2
+  config.val_seeds = 2
+  config.out_dir = str(tmp_path)
+  for k, v in over.items():
+    config[k] = v
+  return config
+
+
+def _spy(monkeypatch):
+  calls = []
+  original = selection.private_argmax
+
+  def spy(key, scores, *, sensitivity, epsilon):
+    calls.append(dict(scores=np.asarray(scores), sensitivity=sensitivity, epsilon=epsilon))
+    return original(key, scores, sensitivity=sensitivity, epsilon=epsilon)
+
+  monkeypatch.setattr(selection, "private_argmax", spy)
+  return calls
+
+
+def test_accounted_selection_is_private_argmax_with_its_share(tmp_path, monkeypatch):
+  experiment = _load("experiments/tradeoffs.py")
+  calls = _spy(monkeypatch)
+  config = _tiny(tmp_path, account_selection=True)
+  rows = experiment.main(config)
+  assert len(rows) == 1 and len(calls) == 1
+  row, call = rows[0], calls[0]
+  # 2 lambdas x 2 validation draws + 1 final release + the selection: k = 6 shares of eps;
+  # delta over the 5 (eps, delta) releases (the selection is pure DP).
+  assert row["release_epsilon"] == pytest.approx(10.0 / 6)
+  assert row["selection_epsilon"] == pytest.approx(10.0 / 6)
+  assert row["release_delta"] == pytest.approx(1e-5 / 5)
+  assert 5 * row["release_epsilon"] + row["selection_epsilon"] == pytest.approx(10.0)
+  assert 5 * row["release_delta"] == pytest.approx(1e-5)
+  assert call["epsilon"] == pytest.approx(10.0 / 6)
+  # scores: correct held-out answers summed over the 2 draws; one row moves each by <= 2
+  assert call["sensitivity"] == 2.0
+  scores = call["scores"]
+  assert scores.shape == (2,) and np.all(scores == np.rint(scores)) and np.all(scores >= 0)
+  assert row["selection"] == "exponential_mechanism"
+  assert "val_accuracy" not in row and 0.0 <= row["nonprivate_val_accuracy"] <= 1.0
+  # the counts are those of the chosen candidate's accuracy: count / (2 n_val)
+  chosen = [1e-3, 1e-2].index(row["l2_reg"])
+  n_val = scores[chosen] / (2 * row["nonprivate_val_accuracy"])
+  assert n_val == pytest.approx(round(n_val), abs=1e-3) and n_val > 100
+  # resumable: a second run computes nothing and makes no new selection
+  again = experiment.main(config)
+  assert len(calls) == 1
+  assert again[0]["test_accuracy_mean"] == row["test_accuracy_mean"]
+
+
+def test_paper_protocol_does_not_call_it_and_old_accounted_rows_are_not_resumed(
+    tmp_path, monkeypatch):
+  experiment = _load("experiments/tradeoffs.py")
+  calls = _spy(monkeypatch)
+  rows = experiment.main(_tiny(tmp_path, account_selection=False))
+  assert calls == []
+  assert rows[0]["selection"] == "argmax_not_accounted"
+  assert rows[0]["release_epsilon"] == 10.0 and rows[0]["selection_epsilon"] == 0.0
+  # A log written by the earlier accounted protocol (np.argmax, no "selection" setting)
+  # has another fingerprint: its rows are not resumed.
+  config = experiment.resolve_config(_tiny(tmp_path, account_selection=True))
+  old_log, out = results_io.open_point_log(config, experiment.RESULT_FIELDS,
+                                           extra_settings=dict(dpsgd=config.dpsgd.to_dict()))
+  for point in experiment.grid(config):
+    old_log.append(point, [dict(rows[0], release_epsilon=2.0)])
+  experiment.main(_tiny(tmp_path, account_selection=True))
+  assert len(calls) == 1
+  meta = json.loads((out / "results.json").read_text())
+  assert meta["points_computed_this_run"] == 1
