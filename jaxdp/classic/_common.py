@@ -58,8 +58,10 @@ from typing import Any
 
 import numpy as np
 
+from jaxdp import _estimator_checks
 from jaxdp import _validation
 from jaxdp.accounting import events
+from jaxdp.errors import ArgumentTypeError
 from jaxdp.mechanisms import discrete
 
 NEIGHBOURING = (events.ADD_REMOVE, events.REPLACE_ONE)
@@ -178,6 +180,9 @@ def check_data_in_bounds(x: Any, lower: np.ndarray, upper: np.ndarray, *, clip: 
   sensitivity).
   """
   arr = _validation.check_finite_array(x, name)
+  if arr.dtype.kind == "c":  # astype(float64) would silently drop the imaginary part
+    raise ArgumentTypeError(f"{name}: Complex data not supported (got dtype {arr.dtype}); pass "
+                            "the real features.")
   if arr.ndim != 2:
     raise ValueError(f"{name} must be a 2-D array (examples, features), got shape {arr.shape}.")
   arr = arr.astype(np.float64)
@@ -229,6 +234,28 @@ def check_labels(y: Any, num_classes: int, n: int, name: str = "y") -> np.ndarra
   return arr
 
 
+def check_query_x(x: Any, n_features: int, estimator: Any, name: str = "x") -> np.ndarray:
+  """``x`` at predict/transform time: a real, finite 2-D array with the fitted feature count.
+
+  :func:`jaxdp._estimator_checks.check_x`, then the number of columns against
+  ``n_features`` (a public shape, set by ``fit`` as ``n_features_in_``).
+  """
+  arr = _estimator_checks.check_x(x, name)
+  if arr.shape[1] != n_features:
+    raise ValueError(f"{name} has {arr.shape[1]} features, but {type(estimator).__name__} is "
+                     f"expecting {n_features} features as input (got shape {arr.shape}).")
+  return arr
+
+
+def check_accountant(accountant: Any) -> None:
+  """``None`` or an object with ``spend(event)`` (a PrivacyAccountant or PrivacyBudget)."""
+  if accountant is not None and not callable(getattr(accountant, "spend", None)):
+    raise ArgumentTypeError(
+        "accountant must be None, a jaxdp.accounting.PrivacyAccountant or a "
+        f"jaxdp.accounting.PrivacyBudget (an object with spend(event)), got "
+        f"{type(accountant).__name__}.")
+
+
 def spend(accountant: Any, event: events.DpEvent) -> None:
   """Spends ``event`` on an accountant/budget; a budget refuses *before* any release.
 
@@ -238,5 +265,6 @@ def spend(accountant: Any, event: events.DpEvent) -> None:
   """
   if accountant is None:
     return
+  check_accountant(accountant)
   accountant.spend(event)
 

@@ -551,11 +551,13 @@ class PrivateKMeans:
                                       clip=self.clip, neighbouring=self.neighbouring,
                                       accountant=self.accountant, noise=self.noise)
     self.cluster_centers_, self.event_ = c, ev
+    self.n_features_in_ = int(np.shape(c)[1])
     return self
 
   def predict(self, x: Any) -> np.ndarray:
     if not hasattr(self, "cluster_centers_"):
       raise ValueError("this estimator is not fitted yet; call fit(x) first.")
+    x = _common.check_query_x(x, self.n_features_in_, self)
     return np.asarray(_assign(jnp.asarray(x, jnp.float32), jnp.asarray(self.cluster_centers_)))
 
   def inertia(self, x: Any) -> float:

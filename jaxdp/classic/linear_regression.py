@@ -108,12 +108,14 @@ class PrivateLinearRegression:
         key, x, y, epsilon=self.epsilon, lower=self.lower, upper=self.upper,
         y_lower=self.y_lower, y_upper=self.y_upper, l2_reg=self.l2_reg, clip=self.clip,
         accountant=self.accountant)
+    self.n_features_in_ = int(np.shape(self.coef_)[0])
     return self
 
   def predict(self, x: Any) -> np.ndarray:
     if not hasattr(self, "coef_"):
       raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
-    return np.asarray(x, np.float64) @ self.coef_ + self.intercept_
+    x = _common.check_query_x(x, self.n_features_in_, self).astype(np.float64)
+    return x @ self.coef_ + self.intercept_
 
   def score(self, x: Any, y: Any) -> float:
     """Coefficient of determination R^2 (as scikit-learn)."""

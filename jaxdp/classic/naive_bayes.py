@@ -457,11 +457,13 @@ class PrivateNaiveBayes:
         var_floor=self.var_floor, accountant=self.accountant, noise=self.noise)
     self.model_, self.event_ = model, event
     self.classes_ = np.arange(self.num_classes)
+    self.n_features_in_ = int(np.shape(x)[1])  # x was checked 2-D by _split
     return self
 
   def predict_log_joint(self, x: Any) -> np.ndarray:
     if not hasattr(self, "model_"):
       raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+    x = _common.check_query_x(x, self.n_features_in_, self)
     x_cat, x_num = self._split(x)
     n = np.asarray(x).shape[0]
     xc = np.zeros((n, 0), np.int32) if x_cat is None else np.clip(

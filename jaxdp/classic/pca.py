@@ -207,12 +207,13 @@ class PrivatePCA:
                           delta=self.delta, mechanism=self.mechanism, center=self.center,
                           clip=self.clip, neighbouring=self.neighbouring, accountant=self.accountant)
     self.components_, self.eigenvalues_, self.event_ = res.components, res.eigenvalues, ev
+    self.n_features_in_ = int(np.shape(res.components)[1])
     return self
 
   def transform(self, x: Any) -> np.ndarray:
     if not hasattr(self, "components_"):
       raise ValueError("this estimator is not fitted yet; call fit(x) first.")
-    x = np.asarray(x, np.float64)
+    x = _common.check_query_x(x, self.n_features_in_, self).astype(np.float64)
     if self.center is not None:
       x = x - np.asarray(self.center, np.float64)
     return x @ self.components_.T

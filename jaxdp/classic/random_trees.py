@@ -302,11 +302,13 @@ class PrivateRandomTrees:
         tree_budget=self.tree_budget, clip=self.clip, neighbouring=self.neighbouring,
         accountant=self.accountant, noise=self.noise)
     self.classes_ = np.arange(self.num_classes)
+    self.n_features_in_ = int(np.shape(x)[1])  # x was checked 2-D by the fit
     return self
 
   def predict(self, x: Any) -> np.ndarray:
     if not hasattr(self, "trees_"):
       raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+    x = _common.check_query_x(x, self.n_features_in_, self)
     s = predict_scores(self.trees_, jnp.asarray(x, jnp.float32), int(self.depth),
                        combine=self.combine)
     return np.asarray(jnp.argmax(s, axis=1))

@@ -93,6 +93,7 @@ import numpy as np
 from jaxdp import _validation
 from jaxdp.accounting import events
 from jaxdp.accounting.analytic_gaussian import analytic_gaussian_sigma
+from jaxdp.errors import ArgumentTypeError
 from jaxdp.multiparty import _soft_erm, aggregation
 from jaxdp.training import certified_solve, linear, output_perturbation
 
@@ -250,8 +251,14 @@ def _spend_before_release(accountant: Any, event: Any, key: jax.Array) -> None:
   the data: a :class:`~jaxdp.accounting.PrivacyBudget` that cannot afford the
   call refuses with nothing computed, spent or released.
   """
-  if accountant is not None:
-    accountant.spend(event, count=_num_releases(key))
+  if accountant is None:
+    return
+  if not callable(getattr(accountant, "spend", None)):
+    raise ArgumentTypeError(
+        "accountant must be None, a jaxdp.accounting.PrivacyAccountant(unit=\"party\") or a "
+        "jaxdp.accounting.PrivacyBudget (an object with spend(event, count)), got "
+        f"{type(accountant).__name__}.")
+  accountant.spend(event, count=_num_releases(key))
 
 
 def release(key: jax.Array, weights64: Any, calibration: Calibration) -> jax.Array:

@@ -127,7 +127,7 @@ class PateResult:
     labels: noisy labels of the public points, int ``(M,)``.
     nonprivate_votes: the teacher vote histograms ``(M, C)``, computed from the
       private data WITHOUT noise (not covered by the guarantee; never release
-      them). ``votes`` is a read-only alias kept for old code.
+      them).
     student: the student ``LinearModel`` fit on the public points.
     event: the DpEvent of all labels (``SelfComposedDpEvent`` of M answers).
     epsilon: data-independent epsilon of the labels at ``delta`` (via the
@@ -141,11 +141,6 @@ class PateResult:
   event: _events.DpEvent
   epsilon: float
   delta: float
-
-  @property
-  def votes(self) -> jax.Array:
-    """Alias of ``nonprivate_votes`` (NON-PRIVATE: never release them)."""
-    return self.nonprivate_votes
 
 
 def pate_label_and_train(

@@ -111,8 +111,7 @@ class StepInfo:
   They depend on individual examples: the realised batch size differs between
   add/remove neighbours, and the loss sum and clip count are unnoised sums over
   the batch. Their names say so (``nonprivate_*``, the library's rule for every
-  value computed from private data without noise); ``loss_sum``,
-  ``num_examples`` and ``num_clipped`` are read-only aliases kept for old code.
+  value computed from private data without noise).
 
   Attributes:
     nonprivate_loss_sum: sum of the per-example losses of the batch (before the update).
@@ -123,21 +122,6 @@ class StepInfo:
   nonprivate_loss_sum: jax.Array
   nonprivate_num_examples: jax.Array
   nonprivate_num_clipped: jax.Array
-
-  @property
-  def loss_sum(self) -> jax.Array:
-    """Alias of ``nonprivate_loss_sum`` (NON-PRIVATE)."""
-    return self.nonprivate_loss_sum
-
-  @property
-  def num_examples(self) -> jax.Array:
-    """Alias of ``nonprivate_num_examples`` (NON-PRIVATE)."""
-    return self.nonprivate_num_examples
-
-  @property
-  def num_clipped(self) -> jax.Array:
-    """Alias of ``nonprivate_num_clipped`` (NON-PRIVATE)."""
-    return self.nonprivate_num_clipped
 
 
 jax.tree_util.register_dataclass(

@@ -68,7 +68,7 @@ def test_same_key_same_run_as_train_dpsgd_with_overflow_chunks():
   assert (private.steps, private.padded_size, private.expected_batch_size) == (
       ref.steps, ref.padded_size, ref.expected_batch_size)
   out, state, sampler, infos = _run(private, params, x, y, PrivacyAccountant())
-  assert max(int(i.num_examples) for i in infos) > private.padded_size  # overflow exercised
+  assert max(int(i.nonprivate_num_examples) for i in infos) > private.padded_size  # overflow exercised
   assert int(state.step) == ref.steps
   assert _max_abs_diff(out, ref.params) <= 1e-6
   assert _max_abs_diff(out, params) > 1e-2  # it trained
@@ -195,7 +195,8 @@ def test_overflow_chunks_accumulate_to_the_same_update_as_one_big_chunk():
   assert big.padded_size > 30 > small.padded_size
   p_small, _, _, infos = _run(small, params, x, y, PrivacyAccountant())
   p_big, _, _, infos_big = _run(big, params, x, y, PrivacyAccountant())
-  assert [int(i.num_examples) for i in infos] == [int(i.num_examples) for i in infos_big]
+  assert ([int(i.nonprivate_num_examples) for i in infos]
+          == [int(i.nonprivate_num_examples) for i in infos_big])
   assert _max_abs_diff(p_small, p_big) <= 1e-5
 
 
@@ -213,7 +214,7 @@ def test_noise_on_the_clipped_sum_has_std_sigma_times_sensitivity():
   w0 = jnp.zeros((d,), jnp.float32)
   w1, _, _, (info,) = _run(private, w0, x, y, PrivacyAccountant())
   clipped_sum = np.zeros(d)
-  clipped_sum[0] = float(info.num_examples) * 1.0
+  clipped_sum[0] = float(info.nonprivate_num_examples) * 1.0
   z = -np.asarray(w1, np.float64) * q_n - clipped_sum
   std = z.std()
   # Std of a sample std of 20000 normals: sigma S / sqrt(2 * 20000) = 0.5 %; 3 % is 6 of them.
