@@ -21,14 +21,22 @@ is broken (a row index, never a value: an error message is a release too, see
   PUBLIC label set ``classes`` (released as ``classes_``); with ``classes=None``
   the set is read off the data, which is NOT private, and a warning says so.
 * :func:`check_is_fitted` -- scikit-learn's ``NotFittedError`` (a ``ValueError``).
+* :func:`clone_sharing_accountant`, :func:`refuse_state_with_accountant` and the
+  mixin :class:`SharedAccountantMixin` -- ``sklearn.base.clone`` builds a new
+  estimator from the parameters but keeps the caller's ``accountant`` (the
+  ledger is shared, so the spends of every clone are recorded); pickling or
+  deep-copying an estimator that holds an accountant is refused, since the
+  copy's spends would land in a copy of the ledger and be lost.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any
 
 import numpy as np
+from sklearn.base import clone
 from sklearn.exceptions import DataConversionWarning, NotFittedError
 
 from jaxdp import _validation
@@ -205,3 +213,48 @@ def check_is_fitted(estimator: Any, attribute: str = "coef_") -> None:
   if not hasattr(estimator, attribute):
     raise NotFittedError(f"this {type(estimator).__name__} instance is not fitted yet; call "
                          "fit(x, y) first.")
+
+
+def clone_sharing_accountant(estimator: Any) -> Any:
+  """``sklearn.base.clone`` of ``estimator`` whose ``accountant`` is the SAME object.
+
+  Every other parameter is cloned as scikit-learn does (``clone(value,
+  safe=False)``); the metadata-routing requests are copied as in
+  ``sklearn.base.clone``. The new instance is unfitted (its fit counter, hence
+  its noise key rule of :mod:`jaxdp._keys`, starts afresh).
+  """
+  params = {name: value if name == "accountant" else clone(value, safe=False)
+            for name, value in estimator.get_params(deep=False).items()}
+  new = type(estimator)(**params)
+  if hasattr(estimator, "_metadata_request"):
+    new._metadata_request = copy.deepcopy(estimator._metadata_request)  # pylint: disable=protected-access
+  return new
+
+
+def refuse_state_with_accountant(estimator: Any) -> None:
+  """Raises ``TypeError`` when ``estimator`` holds an accountant (pickle / deepcopy refused)."""
+  if getattr(estimator, "accountant", None) is not None:
+    raise TypeError(
+        f"this {type(estimator).__name__} holds an accountant: a pickled or deep-copied "
+        "estimator (e.g. sent to a worker by n_jobs > 1) would record its spends in a copy of "
+        "the ledger, and they would be lost. Use n_jobs=1, or set_params(accountant=None) first "
+        "(e.g. to save a fitted model).")
+
+
+class SharedAccountantMixin:
+  """Mixin (listed before ``BaseEstimator``): clones share the accountant, copies are refused.
+
+  Also tags the estimator ``non_deterministic`` (fresh noise at every fit).
+  """
+
+  def __sklearn_clone__(self):
+    return clone_sharing_accountant(self)
+
+  def __getstate__(self):
+    refuse_state_with_accountant(self)
+    return super().__getstate__()
+
+  def __sklearn_tags__(self):
+    tags = super().__sklearn_tags__()
+    tags.non_deterministic = True
+    return tags

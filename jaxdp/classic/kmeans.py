@@ -109,7 +109,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.base import BaseEstimator, ClusterMixin
 
+from jaxdp import _estimator_checks as checks
 from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
@@ -501,14 +503,23 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
     return np.asarray(out, np.float64), event
 
 
-class PrivateKMeans:
-  """scikit-learn-like private k-means (``method="lloyd"`` or ``"sample_aggregate"``).
+class PrivateKMeans(checks.SharedAccountantMixin, ClusterMixin, BaseEstimator):
+  """Private k-means (``method="lloyd"`` or ``"sample_aggregate"``), a scikit-learn clusterer.
 
   ``fit`` spends the event on ``accountant`` before releasing;
   ``cluster_centers_``, ``predict``, ``score`` (negative cost, as scikit-learn)
   and ``inertia`` are available. ``count_fraction``, ``init`` and
   ``neighbouring`` are those of :func:`dp_lloyd`; ``noise`` (``"discrete"``, the
-  default, or ``"continuous"``) is passed to either method.
+  default, or ``"continuous"``) is passed to either method. ``iterations=None``
+  means 5 for ``"lloyd"`` and 20 for ``"sample_aggregate"`` (resolved at ``fit``).
+
+  The constructor stores its parameters unchanged (``get_params``/``set_params``,
+  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
+  key draw or spend. A clone shares the caller's ``accountant``; an estimator
+  holding an accountant refuses to be pickled or deep-copied
+  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`). No ``labels_`` is
+  stored: the training rows' assignments are a function of the private data;
+  ``fit_predict(x)`` returns them to the caller (``fit(x).predict(x)``).
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
@@ -520,47 +531,66 @@ class PrivateKMeans:
                count_fraction: Any = "auto", init: Any = "central", clip: bool = False,
                neighbouring: str = "replace_one", accountant: Any = None, seed: Any = None,
                noise: str = "discrete"):
-    if method not in METHODS:
-      raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
-    self.noise = _common.check_noise(noise)
-    self.n_clusters = _validation.check_positive_int(n_clusters, "n_clusters")
-    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+    self.noise = noise
+    self.n_clusters = n_clusters
+    self.epsilon = epsilon
     self.lower, self.upper, self.method = lower, upper, method
-    self.iterations = iterations if iterations is not None else (5 if method == "lloyd" else 20)
+    self.iterations = iterations
     self.num_blocks, self.count_fraction, self.clip = num_blocks, count_fraction, clip
     self.init = init
-    self.neighbouring = _common.check_relation(neighbouring)
-    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
+    self.neighbouring = neighbouring
     self.accountant, self.seed = accountant, seed
     self._fits = 0
 
+  def _check_params(self) -> dict[str, Any]:
+    """The parameters checked (before any work); the attributes are left unchanged."""
+    if not isinstance(self.method, str) or self.method not in METHODS:
+      raise ValueError(f"method must be one of {METHODS}, got {self.method!r}.")
+    noise = _common.check_noise(self.noise)
+    n_clusters = _validation.check_positive_int(self.n_clusters, "n_clusters")
+    epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
+    if self.iterations is None:
+      iterations = 5 if self.method == "lloyd" else 20
+    else:
+      iterations = _validation.check_positive_int(self.iterations, "iterations")
+    neighbouring = _common.check_relation(self.neighbouring)
+    _common.check_accountant(self.accountant)
+    _keys.check_seed(self.seed, "seed")
+    return dict(noise=noise, n_clusters=n_clusters, epsilon=epsilon, iterations=iterations,
+                neighbouring=neighbouring)
+
   def fit(self, x: Any, y: Any = None) -> "PrivateKMeans":
     del y
+    p = self._check_params()
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     if self.method == "lloyd":
-      c, ev = dp_lloyd(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,
-                       lower=self.lower, upper=self.upper, iterations=self.iterations,
+      c, ev = dp_lloyd(key, x, num_clusters=p["n_clusters"], epsilon=p["epsilon"],
+                       lower=self.lower, upper=self.upper, iterations=p["iterations"],
                        count_fraction=self.count_fraction, init=self.init, clip=self.clip,
-                       neighbouring=self.neighbouring, accountant=self.accountant,
-                       noise=self.noise)
+                       neighbouring=p["neighbouring"], accountant=self.accountant,
+                       noise=p["noise"])
     else:
-      c, ev = sample_aggregate_kmeans(key, x, num_clusters=self.n_clusters, epsilon=self.epsilon,
+      c, ev = sample_aggregate_kmeans(key, x, num_clusters=p["n_clusters"], epsilon=p["epsilon"],
                                       lower=self.lower, upper=self.upper,
-                                      num_blocks=self.num_blocks, iterations=self.iterations,
-                                      clip=self.clip, neighbouring=self.neighbouring,
-                                      accountant=self.accountant, noise=self.noise)
+                                      num_blocks=self.num_blocks, iterations=p["iterations"],
+                                      clip=self.clip, neighbouring=p["neighbouring"],
+                                      accountant=self.accountant, noise=p["noise"])
     self.cluster_centers_, self.event_ = c, ev
     self.n_features_in_ = int(np.shape(c)[1])
     return self
 
+  def fit_predict(self, x: Any, y: Any = None) -> np.ndarray:
+    """``fit(x)`` then the released centres' labels of ``x`` (post-processing, not stored)."""
+    return self.fit(x, y).predict(x)
+
   def predict(self, x: Any) -> np.ndarray:
-    if not hasattr(self, "cluster_centers_"):
-      raise ValueError("this estimator is not fitted yet; call fit(x) first.")
+    checks.check_is_fitted(self, "cluster_centers_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self)
     return np.asarray(_assign(jnp.asarray(x, jnp.float32), jnp.asarray(self.cluster_centers_)))
 
   def inertia(self, x: Any) -> float:
+    checks.check_is_fitted(self, "cluster_centers_")
     return float(kmeans_cost(x, self.cluster_centers_))
 
   def score(self, x: Any, y: Any = None) -> float:

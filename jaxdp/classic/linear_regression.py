@@ -30,7 +30,9 @@ from typing import Any
 
 import jax
 import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
 
+from jaxdp import _estimator_checks as checks
 from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
@@ -84,8 +86,14 @@ def private_linear_regression(key: jax.Array, x: Any, y: Any, *, epsilon: float,
   return w_t * half, float(ylo[0] + (b_t + 1.0) * half), res.event
 
 
-class PrivateLinearRegression:
-  """scikit-learn-like private linear regression (functional mechanism, replace-one).
+class PrivateLinearRegression(checks.SharedAccountantMixin, RegressorMixin, BaseEstimator):
+  """Private linear regression (functional mechanism, replace-one), a scikit-learn regressor.
+
+  The constructor stores its parameters unchanged (``get_params``/``set_params``,
+  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
+  key draw or spend. A clone shares the caller's ``accountant``; an estimator
+  holding an accountant refuses to be pickled or deep-copied
+  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
@@ -95,25 +103,26 @@ class PrivateLinearRegression:
   def __init__(self, *, epsilon: float, lower: Any = None, upper: Any = None, y_lower: Any = None,
                y_upper: Any = None, l2_reg: float = 0.0, clip: bool = False,
                accountant: Any = None, seed: Any = None):
-    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+    self.epsilon = epsilon
     self.lower, self.upper, self.y_lower, self.y_upper = lower, upper, y_lower, y_upper
-    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
     self.l2_reg, self.clip, self.accountant, self.seed = l2_reg, clip, accountant, seed
     self._fits = 0
 
   def fit(self, x: Any, y: Any) -> "PrivateLinearRegression":
+    epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
+    _common.check_accountant(self.accountant)
+    _keys.check_seed(self.seed, "seed")
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     self.coef_, self.intercept_, self.event_ = private_linear_regression(
-        key, x, y, epsilon=self.epsilon, lower=self.lower, upper=self.upper,
+        key, x, y, epsilon=epsilon, lower=self.lower, upper=self.upper,
         y_lower=self.y_lower, y_upper=self.y_upper, l2_reg=self.l2_reg, clip=self.clip,
         accountant=self.accountant)
     self.n_features_in_ = int(np.shape(self.coef_)[0])
     return self
 
   def predict(self, x: Any) -> np.ndarray:
-    if not hasattr(self, "coef_"):
-      raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+    checks.check_is_fitted(self, "coef_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self).astype(np.float64)
     return x @ self.coef_ + self.intercept_
 

@@ -91,7 +91,9 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
 
+from jaxdp import _estimator_checks as checks
 from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
@@ -404,8 +406,8 @@ def private_naive_bayes(key: jax.Array, x_cat: Any, x_num: Any, y: Any, *, num_c
   return model, noisy, event
 
 
-class PrivateNaiveBayes:
-  """scikit-learn-like private naive Bayes (categorical and/or Gaussian features).
+class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstimator):
+  """Private naive Bayes (categorical and/or Gaussian features), a scikit-learn classifier.
 
   ``fit(x, y)`` takes one array whose columns ``categorical_features`` are
   integer codes (``num_categories`` values each) and whose other columns are
@@ -413,9 +415,18 @@ class PrivateNaiveBayes:
   ``accountant`` before releasing anything. ``noise``: ``"discrete"`` (default)
   or ``"continuous"``, as :func:`private_naive_bayes`.
 
+  The constructor stores its parameters unchanged (``get_params``/``set_params``,
+  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
+  key draw or spend. A clone shares the caller's ``accountant``; an estimator
+  holding an accountant refuses to be pickled or deep-copied
+  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
+
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
   user's promise not to reuse it on overlapping data.
+
+  Attributes (after ``fit``): ``model_`` (the private :class:`NaiveBayesModel`),
+  ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.
   """
 
   def __init__(self, *, epsilon: float, num_classes: int, categorical_features: Sequence[int] = (),
@@ -424,50 +435,74 @@ class PrivateNaiveBayes:
                budget_split: Sequence[float] | None = None, alpha: float = 1.0,
                var_floor: float | None = None, accountant: Any = None, seed: Any = None,
                noise: str = "discrete"):
-    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
-    self.num_classes = _validation.check_positive_int(num_classes, "num_classes")
-    self.noise = _common.check_noise(noise)
-    self.categorical_features = tuple(int(j) for j in categorical_features)
+    self.epsilon = epsilon
+    self.num_classes = num_classes
+    self.categorical_features = categorical_features
     self.num_categories = num_categories
     self.lower, self.upper, self.clip = lower, upper, clip
-    self.neighbouring = _common.check_relation(neighbouring)
+    self.neighbouring = neighbouring
     self.budget_split, self.alpha, self.var_floor = budget_split, alpha, var_floor
-    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
     self.accountant, self.seed = accountant, seed
+    self.noise = noise
     self._fits = 0
 
-  def _split(self, x):
+  def _check_params(self) -> dict[str, Any]:
+    """The parameters checked (before any work); the attributes are left unchanged."""
+    epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
+    num_classes = _validation.check_positive_int(self.num_classes, "num_classes")
+    noise = _common.check_noise(self.noise)
+    cats = self.categorical_features
+    if isinstance(cats, (str, bytes)) or not hasattr(cats, "__iter__"):
+      raise ValueError("categorical_features must be a sequence of column indices (ints), got "
+                       f"{type(cats).__name__}.")
+    cat_features = tuple(cats)
+    if any(isinstance(j, bool) or not isinstance(j, (int, np.integer)) for j in cat_features):
+      raise ValueError("categorical_features must be a sequence of column indices (ints).")
+    cat_features = tuple(int(j) for j in cat_features)
+    neighbouring = _common.check_relation(self.neighbouring)
+    _common.check_accountant(self.accountant)
+    _keys.check_seed(self.seed, "seed")
+    return dict(epsilon=epsilon, num_classes=num_classes, noise=noise,
+                cat_features=cat_features, neighbouring=neighbouring)
+
+  @staticmethod
+  def _split(x, cat_features):
     x = _validation.check_finite_array(x, "x")
     if x.ndim != 2:
       raise ValueError(f"x must be 2-D, got shape {x.shape}.")
+    bad = [j for j in cat_features if not -x.shape[1] <= j < x.shape[1]]
+    if bad:
+      raise ValueError(f"categorical_features: column {bad[0]} is out of range for x with "
+                       f"{x.shape[1]} columns.")
     cat = np.zeros(x.shape[1], bool)
-    cat[list(self.categorical_features)] = True
+    cat[list(cat_features)] = True
     x_cat = x[:, cat] if cat.any() else None
     x_num = x[:, ~cat] if (~cat).any() else None
     return x_cat, x_num
 
   def fit(self, x: Any, y: Any) -> "PrivateNaiveBayes":
-    x_cat, x_num = self._split(x)
+    p = self._check_params()
+    x_cat, x_num = self._split(x, p["cat_features"])
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     model, _, event = private_naive_bayes(
-        key, x_cat, x_num, y, num_classes=self.num_classes, epsilon=self.epsilon,
+        key, x_cat, x_num, y, num_classes=p["num_classes"], epsilon=p["epsilon"],
         num_categories=self.num_categories, lower=self.lower, upper=self.upper, clip=self.clip,
-        neighbouring=self.neighbouring, budget_split=self.budget_split, alpha=self.alpha,
-        var_floor=self.var_floor, accountant=self.accountant, noise=self.noise)
+        neighbouring=p["neighbouring"], budget_split=self.budget_split, alpha=self.alpha,
+        var_floor=self.var_floor, accountant=self.accountant, noise=p["noise"])
     self.model_, self.event_ = model, event
-    self.classes_ = np.arange(self.num_classes)
+    self.classes_ = np.arange(p["num_classes"])
     self.n_features_in_ = int(np.shape(x)[1])  # x was checked 2-D by _split
+    self._cat_features, self._num_categories = p["cat_features"], self.num_categories
     return self
 
   def predict_log_joint(self, x: Any) -> np.ndarray:
-    if not hasattr(self, "model_"):
-      raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+    checks.check_is_fitted(self, "model_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self)
-    x_cat, x_num = self._split(x)
+    x_cat, x_num = self._split(x, self._cat_features)
     n = np.asarray(x).shape[0]
     xc = np.zeros((n, 0), np.int32) if x_cat is None else np.clip(
-        x_cat.astype(np.int32), 0, np.broadcast_to(np.asarray(self.num_categories), (x_cat.shape[1],)) - 1)
+        x_cat.astype(np.int32), 0, np.broadcast_to(np.asarray(self._num_categories), (x_cat.shape[1],)) - 1)
     xn = np.zeros((n, 0), np.float32) if x_num is None else x_num.astype(np.float32)
     return np.asarray(joint_log_likelihood(self.model_, jnp.asarray(xc), jnp.asarray(xn)))
 

@@ -47,7 +47,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.base import BaseEstimator, TransformerMixin
 
+from jaxdp import _estimator_checks as checks
 from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
@@ -177,11 +179,17 @@ def explained_variance_ratio(x: Any, components: Any, center: Any = None) -> flo
   return float(np.sum((x @ v.T) ** 2) / np.sum(x * x))
 
 
-class PrivatePCA:
-  """scikit-learn-like private PCA: ``fit``, ``transform``, ``components_``.
+class PrivatePCA(checks.SharedAccountantMixin, TransformerMixin, BaseEstimator):
+  """Private PCA, a scikit-learn transformer: ``fit``, ``transform``, ``components_``.
 
   ``center`` must be public (e.g. the midpoint of declared bounds); each fit
   spends its event before releasing.
+
+  The constructor stores its parameters unchanged (``get_params``/``set_params``,
+  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
+  key draw or spend. A clone shares the caller's ``accountant``; an estimator
+  holding an accountant refuses to be pickled or deep-copied
+  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
@@ -191,33 +199,43 @@ class PrivatePCA:
   def __init__(self, *, n_components: int, epsilon: float, delta: float = 0.0,
                mechanism: str = "gaussian", center: Any = None, clip: bool = False,
                neighbouring: str = "replace_one", accountant: Any = None, seed: Any = None):
-    self.n_components = _validation.check_positive_int(n_components, "n_components")
-    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
+    self.n_components = n_components
+    self.epsilon = epsilon
     self.delta, self.mechanism, self.center, self.clip = delta, mechanism, center, clip
-    self.neighbouring = _common.check_relation(neighbouring)
-    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
+    self.neighbouring = neighbouring
     self.accountant, self.seed = accountant, seed
     self._fits = 0
 
+  def _check_params(self) -> dict[str, Any]:
+    """The parameters checked (before any work); the attributes are left unchanged."""
+    n_components = _validation.check_positive_int(self.n_components, "n_components")
+    epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
+    neighbouring = _common.check_relation(self.neighbouring)
+    _common.check_accountant(self.accountant)
+    _keys.check_seed(self.seed, "seed")
+    return dict(n_components=n_components, epsilon=epsilon, neighbouring=neighbouring)
+
   def fit(self, x: Any, y: Any = None) -> "PrivatePCA":
     del y
+    p = self._check_params()
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
-    res, ev = private_pca(key, x, num_components=self.n_components, epsilon=self.epsilon,
+    res, ev = private_pca(key, x, num_components=p["n_components"], epsilon=p["epsilon"],
                           delta=self.delta, mechanism=self.mechanism, center=self.center,
-                          clip=self.clip, neighbouring=self.neighbouring, accountant=self.accountant)
+                          clip=self.clip, neighbouring=p["neighbouring"],
+                          accountant=self.accountant)
     self.components_, self.eigenvalues_, self.event_ = res.components, res.eigenvalues, ev
     self.n_features_in_ = int(np.shape(res.components)[1])
+    self._center = self.center
     return self
 
   def transform(self, x: Any) -> np.ndarray:
-    if not hasattr(self, "components_"):
-      raise ValueError("this estimator is not fitted yet; call fit(x) first.")
+    checks.check_is_fitted(self, "components_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self).astype(np.float64)
-    if self.center is not None:
-      x = x - np.asarray(self.center, np.float64)
+    if self._center is not None:
+      x = x - np.asarray(self._center, np.float64)
     return x @ self.components_.T
 
   def score(self, x: Any, y: Any = None) -> float:
     """Explained-variance ratio on ``x``."""
-    return explained_variance_ratio(x, self.components_, self.center)
+    return explained_variance_ratio(x, self.components_, self._center)

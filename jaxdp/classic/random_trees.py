@@ -68,7 +68,9 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
 
+from jaxdp import _estimator_checks as checks
 from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
@@ -268,49 +270,73 @@ def private_random_trees(key: jax.Array, x: Any, y: Any, *, num_classes: int, ep
   return trees, event
 
 
-class PrivateRandomTrees:
-  """scikit-learn-like private random decision tree ensemble.
+class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEstimator):
+  """Private random decision tree ensemble, a scikit-learn classifier.
 
   ``noise``: ``"discrete"`` (default) or ``"continuous"``, as :func:`private_random_trees`.
+
+  The constructor stores its parameters unchanged (``get_params``/``set_params``,
+  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
+  key draw or spend. A clone shares the caller's ``accountant``; an estimator
+  holding an accountant refuses to be pickled or deep-copied
+  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
 
   Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
   default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
   user's promise not to reuse it on overlapping data.
+
+  Attributes (after ``fit``): ``trees_`` (the private :class:`RandomTrees`),
+  ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.
   """
 
   def __init__(self, *, epsilon: float, num_classes: int, lower: Any = None, upper: Any = None,
                n_estimators: int = 10, depth: int = 5, tree_budget: str = "disjoint",
                clip: bool = False, neighbouring: str = "replace_one", accountant: Any = None,
                seed: Any = None, combine: str = "product", noise: str = "discrete"):
-    self.epsilon = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
-    self.noise = _common.check_noise(noise)
-    self.num_classes = _validation.check_positive_int(num_classes, "num_classes")
+    self.epsilon = epsilon
+    self.noise = noise
+    self.num_classes = num_classes
     self.lower, self.upper, self.clip = lower, upper, clip
     self.n_estimators, self.depth, self.tree_budget = n_estimators, depth, tree_budget
-    self.neighbouring = _common.check_relation(neighbouring)
-    _keys.check_seed(seed, "seed")  # kept as given (scikit-learn get_params)
+    self.neighbouring = neighbouring
     self.accountant, self.seed = accountant, seed
-    self.combine = _check_combine(combine)
+    self.combine = combine
     self._fits = 0
 
+  def _check_params(self) -> dict[str, Any]:
+    """The parameters checked (before any work); the attributes are left unchanged."""
+    epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
+    noise = _common.check_noise(self.noise)
+    num_classes = _validation.check_positive_int(self.num_classes, "num_classes")
+    n_estimators = _validation.check_positive_int(self.n_estimators, "n_estimators")
+    depth = _validation.check_positive_int(self.depth, "depth")
+    neighbouring = _common.check_relation(self.neighbouring)
+    _common.check_accountant(self.accountant)
+    _keys.check_seed(self.seed, "seed")
+    combine = _check_combine(self.combine)
+    return dict(epsilon=epsilon, noise=noise, num_classes=num_classes,
+                n_estimators=n_estimators, depth=depth, neighbouring=neighbouring,
+                combine=combine)
+
   def fit(self, x: Any, y: Any) -> "PrivateRandomTrees":
+    p = self._check_params()
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     self.trees_, self.event_ = private_random_trees(
-        key, x, y, num_classes=self.num_classes, epsilon=self.epsilon, lower=self.lower,
-        upper=self.upper, num_trees=self.n_estimators, depth=self.depth,
-        tree_budget=self.tree_budget, clip=self.clip, neighbouring=self.neighbouring,
-        accountant=self.accountant, noise=self.noise)
-    self.classes_ = np.arange(self.num_classes)
+        key, x, y, num_classes=p["num_classes"], epsilon=p["epsilon"], lower=self.lower,
+        upper=self.upper, num_trees=p["n_estimators"], depth=p["depth"],
+        tree_budget=self.tree_budget, clip=self.clip, neighbouring=p["neighbouring"],
+        accountant=self.accountant, noise=p["noise"])
+    self.classes_ = np.arange(p["num_classes"])
     self.n_features_in_ = int(np.shape(x)[1])  # x was checked 2-D by the fit
+    self._depth, self._combine = p["depth"], p["combine"]
     return self
 
   def predict(self, x: Any) -> np.ndarray:
-    if not hasattr(self, "trees_"):
-      raise ValueError("this estimator is not fitted yet; call fit(x, y) first.")
+    checks.check_is_fitted(self, "trees_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self)
-    s = predict_scores(self.trees_, jnp.asarray(x, jnp.float32), int(self.depth),
-                       combine=self.combine)
+    s = predict_scores(self.trees_, jnp.asarray(x, jnp.float32), self._depth,
+                       combine=self._combine)
     return np.asarray(jnp.argmax(s, axis=1))
 
   def score(self, x: Any, y: Any) -> float:

@@ -190,17 +190,17 @@ def test_bad_noise_raises_naming_it(bad):
   calls = [
       lambda: _nb_fit(jax.random.key(0), noise=bad),
       lambda: nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0, noise=bad),
-      lambda: nb.PrivateNaiveBayes(epsilon=1.0, num_classes=2, noise=bad),
+      lambda: nb.PrivateNaiveBayes(epsilon=1.0, num_classes=2, noise=bad).fit(x, y),
       lambda: rt.private_random_trees(jax.random.key(0), x, y, num_classes=2, epsilon=1.0,
                                       lower=0.0, upper=1.0, noise=bad),
-      lambda: rt.PrivateRandomTrees(epsilon=1.0, num_classes=2, noise=bad),
+      lambda: rt.PrivateRandomTrees(epsilon=1.0, num_classes=2, noise=bad).fit(x, y),
       lambda: rt.random_trees_scale(num_trees=2, epsilon=1.0, noise=bad),
       lambda: km.dp_lloyd(jax.random.key(0), x, num_clusters=2, epsilon=1.0, lower=0.0,
                           upper=1.0, noise=bad),
       lambda: km.sample_aggregate_kmeans(jax.random.key(0), x, num_clusters=2, epsilon=1.0,
                                          lower=0.0, upper=1.0, num_blocks=4, noise=bad),
       lambda: km.lloyd_calibration(lower=0.0, upper=1.0, epsilon=1.0, iterations=2, noise=bad),
-      lambda: km.PrivateKMeans(n_clusters=2, epsilon=1.0, noise=bad),
+      lambda: km.PrivateKMeans(n_clusters=2, epsilon=1.0, noise=bad).fit(x),
   ]
   for call in calls:
     with pytest.raises(ValueError, match="noise must be one of"):

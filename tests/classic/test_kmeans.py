@@ -135,7 +135,7 @@ def test_bad_inputs_raise():
   with pytest.raises(ValueError, match="count_fraction"):
     km.lloyd_calibration(lower=0, upper=1, epsilon=1.0, iterations=2, count_fraction=1.0)
   with pytest.raises(ValueError, match="method"):
-    km.PrivateKMeans(n_clusters=2, epsilon=1.0, method="kmeans++")
+    km.PrivateKMeans(n_clusters=2, epsilon=1.0, method="kmeans++").fit(x)
   with pytest.raises(ValueError, match="init must have shape"):
     km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=-4, upper=4,
                 init=np.zeros((2, 2)))

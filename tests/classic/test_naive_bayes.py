@@ -102,7 +102,7 @@ def test_bad_inputs_raise():
     nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=-1, upper=1).fit(x, y)
   nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=-1, upper=1, clip=True).fit(x, y)
   with pytest.raises(ValueError, match="epsilon"):
-    nb.PrivateNaiveBayes(epsilon=0.0, num_classes=3)
+    nb.PrivateNaiveBayes(epsilon=0.0, num_classes=3, lower=-4, upper=4).fit(x, y)
   with pytest.raises(ValueError, match="num_categories"):
     nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, categorical_features=[0]).fit(
         np.abs(np.round(x)), y)

@@ -172,8 +172,9 @@ def _product_vs_average(n, n_test, num_features, n_estimators, depth):
   majority = 1 - yt.mean()
   assert avg <= majority + 0.03
   assert prod > max(avg, majority) + 0.1
+  bad = rt.PrivateRandomTrees(combine="vote", **kw)  # stored as given (scikit-learn)
   with pytest.raises(ValueError, match="combine"):
-    rt.PrivateRandomTrees(combine="vote", **kw)
+    bad.fit(x, y)
 
 
 def test_product_rule_beats_averaging_with_one_informative_feature_of_many():
