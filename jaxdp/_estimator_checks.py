@@ -244,7 +244,15 @@ def refuse_state_with_accountant(estimator: Any) -> None:
 class SharedAccountantMixin:
   """Mixin (listed before ``BaseEstimator``): clones share the accountant, copies are refused.
 
-  Also tags the estimator ``non_deterministic`` (fresh noise at every fit).
+  The conventions of every jaxdp estimator: the constructor stores its
+  parameters unchanged (``get_params``/``set_params``, ``sklearn.base.clone``,
+  ``Pipeline``); ``fit`` checks them first, before any key draw or spend. A
+  clone shares the caller's ``accountant`` (its spends are recorded there); an
+  estimator holding an accountant refuses to be pickled or deep-copied. Noise
+  keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
+  default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
+  user's promise not to reuse it on overlapping data. Also tags the estimator
+  ``non_deterministic`` (fresh noise at every fit).
   """
 
   def __sklearn_clone__(self):

@@ -513,17 +513,10 @@ class PrivateKMeans(checks.SharedAccountantMixin, ClusterMixin, BaseEstimator):
   default, or ``"continuous"``) is passed to either method. ``iterations=None``
   means 5 for ``"lloyd"`` and 20 for ``"sample_aggregate"`` (resolved at ``fit``).
 
-  The constructor stores its parameters unchanged (``get_params``/``set_params``,
-  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
-  key draw or spend. A clone shares the caller's ``accountant``; an estimator
-  holding an accountant refuses to be pickled or deep-copied
-  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`). No ``labels_`` is
-  stored: the training rows' assignments are a function of the private data;
-  ``fit_predict(x)`` returns them to the caller (``fit(x).predict(x)``).
-
-  Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
-  default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
-  user's promise not to reuse it on overlapping data.
+  scikit-learn conventions, a shared ``accountant`` and the noise-key rule
+  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`. No
+  ``labels_`` is stored: the training rows' assignments are a function of the
+  private data; ``fit_predict(x)`` returns them to the caller (``fit(x).predict(x)``).
   """
 
   def __init__(self, *, n_clusters: int, epsilon: float, lower: Any = None, upper: Any = None,

@@ -89,15 +89,8 @@ def private_linear_regression(key: jax.Array, x: Any, y: Any, *, epsilon: float,
 class PrivateLinearRegression(checks.SharedAccountantMixin, RegressorMixin, BaseEstimator):
   """Private linear regression (functional mechanism, replace-one), a scikit-learn regressor.
 
-  The constructor stores its parameters unchanged (``get_params``/``set_params``,
-  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
-  key draw or spend. A clone shares the caller's ``accountant``; an estimator
-  holding an accountant refuses to be pickled or deep-copied
-  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
-
-  Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
-  default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
-  user's promise not to reuse it on overlapping data.
+  scikit-learn conventions, a shared ``accountant`` and the noise-key rule
+  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
   """
 
   def __init__(self, *, epsilon: float, lower: Any = None, upper: Any = None, y_lower: Any = None,

@@ -185,15 +185,8 @@ class PrivatePCA(checks.SharedAccountantMixin, TransformerMixin, BaseEstimator):
   ``center`` must be public (e.g. the midpoint of declared bounds); each fit
   spends its event before releasing.
 
-  The constructor stores its parameters unchanged (``get_params``/``set_params``,
-  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
-  key draw or spend. A clone shares the caller's ``accountant``; an estimator
-  holding an accountant refuses to be pickled or deep-copied
-  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
-
-  Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
-  default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
-  user's promise not to reuse it on overlapping data.
+  scikit-learn conventions, a shared ``accountant`` and the noise-key rule
+  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
   """
 
   def __init__(self, *, n_components: int, epsilon: float, delta: float = 0.0,

@@ -275,15 +275,8 @@ class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEsti
 
   ``noise``: ``"discrete"`` (default) or ``"continuous"``, as :func:`private_random_trees`.
 
-  The constructor stores its parameters unchanged (``get_params``/``set_params``,
-  ``sklearn.base.clone``, ``Pipeline``); ``fit`` checks them first, before any
-  key draw or spend. A clone shares the caller's ``accountant``; an estimator
-  holding an accountant refuses to be pickled or deep-copied
-  (:class:`jaxdp._estimator_checks.SharedAccountantMixin`).
-
-  Noise keys follow the library rule of :mod:`jaxdp._keys`: ``seed=None`` (the
-  default) draws fresh OS entropy at every ``fit``; an explicit ``seed`` is the
-  user's promise not to reuse it on overlapping data.
+  scikit-learn conventions, a shared ``accountant`` and the noise-key rule
+  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
 
   Attributes (after ``fit``): ``trees_`` (the private :class:`RandomTrees`),
   ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.

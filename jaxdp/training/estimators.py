@@ -71,13 +71,12 @@ data-dependent; see :mod:`jaxdp.training.objective_perturbation`).
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.base import BaseEstimator, ClassifierMixin
 
 from jaxdp import _estimator_checks as checks
 from jaxdp import _keys, _validation
@@ -98,7 +97,7 @@ def _check_bool(value: Any, name: str) -> bool:
   return bool(value)
 
 
-class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
+class PrivateLinearClassifier(checks.SharedAccountantMixin, ClassifierMixin, BaseEstimator):
   """Private linear classifier (a scikit-learn classifier).
 
   Methods: ``fit``, ``predict``, ``predict_proba``, ``decision_function``,
@@ -188,29 +187,10 @@ class PrivateLinearClassifier(ClassifierMixin, BaseEstimator):
 
   def __sklearn_tags__(self):
     tags = super().__sklearn_tags__()
-    tags.non_deterministic = True  # fresh noise per fit (seed=None) or per fit counter (seed)
     tags.classifier_tags.poor_score = True  # noise costs accuracy at small n and epsilon
     tags.target_tags.required = True
     tags.classifier_tags.multi_class = self.method not in BINARY_METHODS
     return tags
-
-  def __sklearn_clone__(self):
-    """A clone with the same parameters that SHARES the accountant (its spends are recorded)."""
-    params = {name: value if name == "accountant" else clone(value, safe=False)
-              for name, value in self.get_params(deep=False).items()}
-    new = type(self)(**params)
-    if hasattr(self, "_metadata_request"):  # metadata routing requests, as sklearn's clone
-      new._metadata_request = copy.deepcopy(self._metadata_request)  # pylint: disable=protected-access
-    return new
-
-  def __getstate__(self):
-    if getattr(self, "accountant", None) is not None:
-      raise TypeError(
-          f"this {type(self).__name__} holds an accountant: a pickled or deep-copied estimator "
-          "(e.g. sent to a worker by n_jobs > 1) would record its spends in a copy of the ledger, "
-          "and they would be lost. Use n_jobs=1, or set_params(accountant=None) first (e.g. to "
-          "save a fitted model).")
-    return super().__getstate__()
 
   # -- checks (before any work or spend) -------------------------------------------
 
