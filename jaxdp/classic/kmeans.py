@@ -514,9 +514,10 @@ class PrivateKMeans(checks.SharedAccountantMixin, ClusterMixin, BaseEstimator):
   means 5 for ``"lloyd"`` and 20 for ``"sample_aggregate"`` (resolved at ``fit``).
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
-  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`. No
-  ``labels_`` is stored: the training rows' assignments are a function of the
-  private data; ``fit_predict(x)`` returns them to the caller (``fit(x).predict(x)``).
+  (``seed=None``: fresh OS entropy per fit):
+  :class:`jaxdp._estimator_checks.SharedAccountantMixin`. No ``labels_`` is
+  stored: the training rows' assignments are a function of the private data;
+  ``fit_predict(x)`` returns them to the caller (``fit(x).predict(x)``).
   """
 
   def __init__(self, *, n_clusters: int, epsilon: float, lower: Any = None, upper: Any = None,

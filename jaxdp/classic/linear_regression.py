@@ -90,7 +90,8 @@ class PrivateLinearRegression(checks.SharedAccountantMixin, RegressorMixin, Base
   """Private linear regression (functional mechanism, replace-one), a scikit-learn regressor.
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
-  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
+  (``seed=None``: fresh OS entropy per fit):
+  :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
   """
 
   def __init__(self, *, epsilon: float, lower: Any = None, upper: Any = None, y_lower: Any = None,

@@ -416,7 +416,8 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
   or ``"continuous"``, as :func:`private_naive_bayes`.
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
-  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
+  (``seed=None``: fresh OS entropy per fit):
+  :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
 
   Attributes (after ``fit``): ``model_`` (the private :class:`NaiveBayesModel`),
   ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.

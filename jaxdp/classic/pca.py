@@ -186,7 +186,8 @@ class PrivatePCA(checks.SharedAccountantMixin, TransformerMixin, BaseEstimator):
   spends its event before releasing.
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
-  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
+  (``seed=None``: fresh OS entropy per fit):
+  :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
   """
 
   def __init__(self, *, n_components: int, epsilon: float, delta: float = 0.0,

@@ -276,7 +276,8 @@ class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEsti
   ``noise``: ``"discrete"`` (default) or ``"continuous"``, as :func:`private_random_trees`.
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
-  (``seed=None``: fresh OS entropy per fit): :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
+  (``seed=None``: fresh OS entropy per fit):
+  :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
 
   Attributes (after ``fit``): ``trees_`` (the private :class:`RandomTrees`),
   ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.
