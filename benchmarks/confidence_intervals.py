@@ -144,8 +144,8 @@ def main():
   counts = rng.multinomial(n, np.full(n, 1.0 / n), size=num_rep)
   for loss, pert, priv in VARIANTS:
     name = f"{loss}_{pert}_{priv}"
-    budget = 1.0 if priv == "pure" else 0.5
-    kw = dict(budget=budget, loss=loss, perturbation=pert, privacy=priv, l2_reg=lam)
+    phi = dict(epsilon=1.0) if priv == "pure" else dict(rho=0.5)
+    kw = dict(**phi, loss=loss, perturbation=pert, l2_reg=lam)
     keys = iter(jax.random.split(jax.random.key(hash(name) % 2 ** 31), 10 * reps))
     t_single = _median_time(lambda: confidence_intervals(next(keys), x, y, **kw), reps,
                             f"{name}_single_cpu_s")

@@ -46,8 +46,8 @@ def get_config():
   c.replicates = 0
   c.quantiles = "exact"  # "exact" (default; no Monte Carlo error) or "monte_carlo" (the paper)
   c.num_samples = 0  # Monte Carlo draws m (quantiles="monte_carlo" only)
-  c.epsilon = 1.0  # total budget of the pure-DP variants (paper Sec. 7: eps = 1)
-  c.rho = 0.5  # total budget of the zCDP variants (rho = eps^2 / 2)
+  c.epsilon = 1.0  # total epsilon= of the pure-DP variants (paper Sec. 7: eps = 1)
+  c.rho = 0.5  # total rho= of the zCDP variants (rho = eps^2 / 2)
   c.l2_reg = 0.002  # = 2c, paper c = 0.001
   c.h = 0.5
   c.alpha = 0.05

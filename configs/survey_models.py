@@ -30,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.tree_depth = 6
   config.tree_budget = "disjoint"       # "disjoint" (parallel composition) | "split" (eps/N per tree)
   # k-means on features min-max scaled by the declared bounds (a public map).
-  config.num_clusters = 5
+  config.n_clusters = 5
   config.kmeans_iterations = 3
   config.kmeans_method = "lloyd"        # "lloyd" | "sample_aggregate"
   # diffprivlib's KMeans is add/remove DP (count sensitivity 1, sum sensitivity u - l per

@@ -82,7 +82,9 @@ def design(x_full, d):
 
 def run_cell(config, x, y, theta0, *, loss, variant, floor, n, fractions, key):
   pert, priv = variant.split("_")
-  budget = config.epsilon if priv == "pure" else config.rho
+  # The variant's privacy notion picks the argument: epsilon (pure DP) or rho (zCDP).
+  total = config.epsilon if priv == "pure" else config.rho
+  phi = {"epsilon" if priv == "pure" else "rho": total}
   r = config.replicates
   counts = np.random.default_rng(results_io.point_seed([loss, variant, floor, n, x.shape[1],
                                                         str(fractions)])).multinomial(
@@ -90,16 +92,15 @@ def run_cell(config, x, y, theta0, *, loss, variant, floor, n, fractions, key):
   keys = jax.random.split(key, r)
   t0 = time.perf_counter()
   out, cal = confidence_intervals_batched(
-      keys, x, y, budget=budget, counts=counts, loss=loss, perturbation=pert, privacy=priv,
-      l2_reg=config.l2_reg, h=config.h, alpha=config.alpha, quantiles=config.quantiles,
-      num_samples=config.num_samples,
+      keys, x, y, **phi, counts=counts, loss=loss, perturbation=pert, l2_reg=config.l2_reg,
+      h=config.h, alpha=config.alpha, quantiles=config.quantiles, num_samples=config.num_samples,
       floor=floor, fractions=fractions, chunk_size=config.chunk_size)
   secs = time.perf_counter() - t0
   inside = (out.lower <= theta0) & (theta0 <= out.upper)
   length = (out.upper - out.lower).mean(axis=1)
   vi = np.quantile(out.theta, [config.alpha / 2, 1 - config.alpha / 2], axis=0)
   return dict(loss=loss, variant=variant, floor=floor, n=int(n), d=int(x.shape[1] - 1),
-              phi1_fraction=float(cal.split.theta / budget), coverage=float(inside.mean()),
+              phi1_fraction=float(cal.split.theta / total), coverage=float(inside.mean()),
               coverage_se=float(inside.mean(axis=1).std(ddof=1) / math.sqrt(r)),
               length=float(length.mean()), length_se=float(length.std(ddof=1) / math.sqrt(r)),
               vi_length=float((vi[1] - vi[0]).mean()), replicates=r,
@@ -186,9 +187,8 @@ def main(argv):
   def theta0(loss, d):
     if (loss, d) not in thetas:
       x = design(x_full, d)
-      res, _ = confidence_intervals(jax.random.key(0), x, y, budget=math.inf, loss=loss,
-                                    perturbation="output", privacy="zcdp",
-                                    l2_reg=config.l2_reg, h=config.h)
+      res, _ = confidence_intervals(jax.random.key(0), x, y, rho=math.inf, loss=loss,
+                                    perturbation="output", l2_reg=config.l2_reg, h=config.h)
       thetas[(loss, d)] = (x, res.theta)
     return thetas[(loss, d)]
 

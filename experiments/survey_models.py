@@ -44,7 +44,7 @@ from jaxdp import results_io
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "survey_models.py"
 TABULAR_MODELS = ("naive_bayes", "random_trees", "kmeans")
 RESULT_FIELDS = ("dataset", "n_train", "num_seeds", "num_trees", "tree_depth", "tree_budget",
-                 "num_clusters", "kmeans_iterations", "kmeans_method", "kmeans_neighbouring",
+                 "n_clusters", "kmeans_iterations", "kmeans_method", "kmeans_neighbouring",
                  "kmeans_equal_spend", "kmeans_num_seeds", "pca_components",
                  "pca_delta", "bounds", "seed")
 
@@ -122,7 +122,7 @@ def fit_and_score(model, library, epsilon, seed, d, config, dpl=None):
     if library == "jaxdp":
       cat = np.flatnonzero(d["binary"])
       num = np.flatnonzero(~d["binary"])
-      est = classic.PrivateNaiveBayes(epsilon=epsilon, num_classes=2, categorical_features=cat,
+      est = classic.PrivateNaiveBayes(epsilon=epsilon, classes=[0, 1], categorical_features=cat,
                                       num_categories=2, lower=d["lower"][num],
                                       upper=d["upper"][num], seed=seed)
     elif library == "diffprivlib":
@@ -136,7 +136,7 @@ def fit_and_score(model, library, epsilon, seed, d, config, dpl=None):
     return float(np.mean(est.predict(xt) == yt)), time.perf_counter() - t
   if model == "random_trees":
     if library == "jaxdp":
-      est = classic.PrivateRandomTrees(epsilon=epsilon, num_classes=2, lower=d["lower"],
+      est = classic.PrivateRandomTrees(epsilon=epsilon, classes=[0, 1], lower=d["lower"],
                                        upper=d["upper"], n_estimators=config.num_trees,
                                        depth=config.tree_depth, tree_budget=config.tree_budget,
                                        seed=seed)
@@ -158,21 +158,21 @@ def fit_and_score(model, library, epsilon, seed, d, config, dpl=None):
     from sklearn.cluster import KMeans  # pylint: disable=import-outside-toplevel
     ref = d.setdefault("_kmeans_ref", {})
     if "cost" not in ref:
-      km = KMeans(config.num_clusters, n_init=4, random_state=0).fit(xs)
+      km = KMeans(config.n_clusters, n_init=4, random_state=0).fit(xs)
       ref["cost"] = float(classic.kmeans_cost(xts, km.cluster_centers_))
     if library == "jaxdp":
-      est = classic.PrivateKMeans(n_clusters=config.num_clusters, epsilon=epsilon, lower=0.0,
+      est = classic.PrivateKMeans(n_clusters=config.n_clusters, epsilon=epsilon, lower=0.0,
                                   upper=1.0, method=config.kmeans_method,
                                   iterations=config.kmeans_iterations,
                                   neighbouring=config.kmeans_neighbouring, seed=seed)
     elif library == "diffprivlib":
       if config.kmeans_equal_spend:
         eps_dpl = epsilon / diffprivlib_kmeans_spend_factor(xs.shape[1])
-      est = dpl.models.KMeans(config.num_clusters, epsilon=eps_dpl,
+      est = dpl.models.KMeans(config.n_clusters, epsilon=eps_dpl,
                               bounds=(np.zeros(xs.shape[1]), np.ones(xs.shape[1])),
                               random_state=seed)
     else:
-      est = KMeans(config.num_clusters, n_init=1, random_state=seed)
+      est = KMeans(config.n_clusters, n_init=1, random_state=seed)
     t = time.perf_counter()
     _fit(est, xs)
     sec = time.perf_counter() - t

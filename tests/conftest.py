@@ -12,6 +12,16 @@ from jaxdp.data import resolve as jdata_resolve
 
 jax.config.update("jax_enable_x64", False)
 
+# Compile with XLA's optimisation passes off. The suite runs small shapes, where
+# compiling dominates (a third of the run with them on); results are checked
+# against references computed in the same test, never against timings. Set
+# JAX_DISABLE_MOST_OPTIMIZATIONS=0 to test with the optimiser on. Subprocesses
+# that tests start inherit the setting through the environment.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+jax.config.update(
+    "jax_disable_most_optimizations",
+    os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"].lower() not in ("0", "false", ""))
+
 _CACHE_ENV = "JAX_COMPILATION_CACHE_DIR"
 
 

@@ -49,11 +49,11 @@ def _inf(a):
 
 # -- estimators (fitted once, lazily; a fit is a few small compiles) ---------
 def _nb(**kw):
-  return classic.PrivateNaiveBayes(**{"epsilon": 1.0, "num_classes": 2, **BOX, "seed": 0, **kw})
+  return classic.PrivateNaiveBayes(**{"epsilon": 1.0, "classes": [0, 1], **BOX, "seed": 0, **kw})
 
 
 def _trees(**kw):
-  return classic.PrivateRandomTrees(**{"epsilon": 1.0, "num_classes": 2, **BOX,
+  return classic.PrivateRandomTrees(**{"epsilon": 1.0, "classes": [0, 1], **BOX,
                                        "n_estimators": 2, "depth": 2, "seed": 0, **kw})
 
 
@@ -94,7 +94,7 @@ def _fit(name):
 
 
 def _ci(x=X_CI, y=Y_PM, **kw):
-  return confidence_intervals(KEY, x, y, **{"budget": 1.0, **kw})
+  return confidence_intervals(KEY, x, y, **{"epsilon": 1.0, **kw})
 
 
 VOTES = np.array([Y, 1 - Y, Y])  # (M=3 parties, N=24 auxiliary rows)
@@ -126,10 +126,15 @@ CASES = [
     ("nb_fit_string_x", lambda: _nb().fit(X.astype(str), Y), r"\bx\b"),
     ("nb_epsilon_nan", lambda: _nb(epsilon=float("nan")).fit(X, Y), r"epsilon"),
     ("nb_seed_float", lambda: _nb(seed=1.5).fit(X, Y), r"seed"),
+    ("nb_y_outside_classes", lambda: _nb(classes=[1, 2]).fit(X, Y), r"\by\b.*classes"),
+    ("nb_classes_string", lambda: _nb(classes="01").fit(X, Y), r"classes"),
+    ("nb_no_bounds_no_categorical", lambda: _nb(lower=None).fit(X, Y), r"lower and upper"),
     ("trees_fit_inf_x", lambda: _trees().fit(_inf(X), Y), r"\bx\b"),
     ("trees_fit_complex_x", lambda: _trees().fit(X + 1j, Y), r"\bx\b"),
     ("trees_fit_len_y", lambda: _trees().fit(X, Y[:-1]), r"\by\b"),
     ("trees_epsilon_zero", lambda: _trees(epsilon=0.0).fit(X, Y), r"epsilon"),
+    ("trees_y_outside_classes", lambda: _trees(classes=["a", "b"]).fit(X, Y), r"\by\b"),
+    ("trees_one_class", lambda: _trees(classes=[0]).fit(X, Y), r"classes"),
     ("kmeans_fit_nan_x", lambda: _kmeans().fit(_nan(X)), r"\bx\b"),
     ("kmeans_fit_1d_x", lambda: _kmeans().fit(X[:, 0]), r"\bx\b"),
     ("kmeans_fit_empty_x", lambda: _kmeans().fit(np.zeros((0, 2))), r"\bx\b"),
@@ -169,9 +174,13 @@ CASES = [
     ("ci_1d_x", lambda: _ci(x=X_CI[:, 0]), r"\bx\b"),
     ("ci_labels_not_binary", lambda: _ci(y=np.arange(24) % 3), r"\by\b"),
     ("ci_len_y", lambda: _ci(y=Y_PM[:-1]), r"\by\b"),
-    ("ci_budget_negative", lambda: _ci(budget=-1.0), r"budget"),
-    ("ci_budget_string", lambda: _ci(budget="1.0"), r"budget"),
-    ("ci_key_none", lambda: confidence_intervals(None, X_CI, Y_PM, budget=1.0), r"key"),
+    ("ci_epsilon_negative", lambda: _ci(epsilon=-1.0), r"epsilon"),
+    ("ci_epsilon_string", lambda: _ci(epsilon="1.0"), r"epsilon"),
+    ("ci_rho_zero", lambda: confidence_intervals(KEY, X_CI, Y_PM, rho=0.0), r"\brho\b"),
+    ("ci_epsilon_and_rho", lambda: _ci(rho=0.5), r"epsilon.*\brho\b"),
+    ("ci_neither_epsilon_nor_rho", lambda: confidence_intervals(KEY, X_CI, Y_PM),
+     r"epsilon.*\brho\b"),
+    ("ci_key_none", lambda: confidence_intervals(None, X_CI, Y_PM, epsilon=1.0), r"key"),
     # jaxdp.multiparty
     ("vote_erm_nan_x_aux", lambda: _vote_erm(x_aux=_nan(X)), r"x_aux"),
     ("vote_erm_votes_out_of_classes", lambda: _vote_erm(votes=VOTES + 2), r"votes"),

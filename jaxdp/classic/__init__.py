@@ -11,6 +11,18 @@ fresh key from OS entropy at every ``fit`` unless given an explicit ``seed``
 Released sums are accumulated in float64; refusal messages name the rule and
 the row, never a data value.
 
+Names (scikit-learn's where one exists):
+
+* an estimator (``Private*``) takes ``classes=``, the PUBLIC label set (any
+  sortable labels, e.g. ``["<=50K", ">50K"]``), fixed before seeing the data,
+  as :class:`jaxdp.training.PrivateLogisticRegression` does: it is released as
+  ``classes_`` and ``predict`` returns its labels; ``classes=None`` reads it off
+  the training labels, which is NOT private, and warns;
+* a function (``private_naive_bayes``, ``private_random_trees``) or a Flax
+  model takes ``num_classes=``, an int count, the labels being ``0..K-1``
+  already;
+* clusters are ``n_clusters`` everywhere (functions and estimators).
+
 * :mod:`~jaxdp.classic.quantile`: private quantiles and bounds on a public grid (explicit
   budgeted step);
 * :mod:`~jaxdp.classic.naive_bayes`: categorical / Gaussian naive Bayes (Eqs. 25-28);

@@ -54,7 +54,7 @@ both relations, so ``mean + Lap(Delta_1 / epsilon)`` is ``epsilon``-DP. (The
 survey describes a "center of the smallest ball" aggregator whose sensitivity
 NRS bound through smooth sensitivity; the mean with its global sensitivity is
 the simpler aggregator of Smith 2011, with a guarantee that holds for every
-dataset.) ``num_blocks > n`` and ``num_clusters > n`` are refused (``ValueError``)
+dataset.) ``num_blocks > n`` and ``n_clusters > n`` are refused (``ValueError``)
 before anything is spent.
 
 Noise (``noise``, :mod:`jaxdp.classic._common`). ``"discrete"`` (default): the
@@ -314,7 +314,7 @@ def _uniform_init(key, k, lo, hi, inset=0.0):
   return jnp.asarray(lo, jnp.float32) + width * (inset + u * (1.0 - 2.0 * inset))
 
 
-def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower: Any,
+def dp_lloyd(key: jax.Array, x: Any, *, n_clusters: int, epsilon: float, lower: Any,
              upper: Any, iterations: int = 5, count_fraction: Any = "auto", init: Any = "central",
              clip: bool = False, neighbouring: str = "replace_one",
              accountant: Any = None, noise: str = "discrete") -> tuple[np.ndarray, events.DpEvent]:
@@ -323,7 +323,7 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
   Args:
     key: a ``jax.random`` key, used once (split per iteration and for the init).
     x: ``(n, d)`` data inside ``[lower, upper]``.
-    num_clusters: ``K``.
+    n_clusters: ``K``.
     epsilon: total privacy parameter, ``epsilon / iterations`` per iteration.
     lower, upper: declared bounds (required).
     iterations: ``T``.
@@ -343,7 +343,7 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
   _validation.check_key(key)
   noise = _common.check_noise(noise)
   arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
-  k = _validation.check_positive_int(num_clusters, "num_clusters")
+  k = _validation.check_positive_int(n_clusters, "n_clusters")
   cal = lloyd_calibration(lower=lo, upper=hi, epsilon=epsilon, iterations=iterations,
                           count_fraction=count_fraction, neighbouring=neighbouring, noise=noise)
   discrete_params = lloyd_discrete_parameters(cal)
@@ -373,10 +373,11 @@ def dp_lloyd(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float, lower
 # ---------------------------------------------------------------- sample and aggregate
 
 
-def sample_aggregate_sensitivity(*, lower: Any, upper: Any, num_clusters: int, num_blocks: int) -> float:
+def sample_aggregate_sensitivity(*, lower: Any, upper: Any, n_clusters: int,
+                                 num_blocks: int) -> float:
   """``Delta_1 = K sum_j (u_j - l_j) / q`` of the mean of ``q`` block outputs (both relations)."""
   lo, hi = _check_public_bounds(lower, upper)
-  k = _validation.check_positive_int(num_clusters, "num_clusters")
+  k = _validation.check_positive_int(n_clusters, "n_clusters")
   q = _validation.check_positive_int(num_blocks, "num_blocks")
   return float(k * np.sum(hi - lo) / q)
 
@@ -446,16 +447,16 @@ def _sample_aggregate_core(key, x, lo, hi, *, k, num_blocks, iterations, scale,
   return jnp.clip(mean + noise, lo.astype(acc), hi.astype(acc))
 
 
-def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilon: float,
+def sample_aggregate_kmeans(key: jax.Array, x: Any, *, n_clusters: int, epsilon: float,
                             lower: Any, upper: Any, num_blocks: int = 50, iterations: int = 20,
                             clip: bool = False, neighbouring: str = "replace_one",
                             accountant: Any = None,
                             noise: str = "discrete") -> tuple[np.ndarray, events.DpEvent]:
   """``epsilon``-DP k-means by sample and aggregate (module docstring).
 
-  Every block should hold at least ``num_clusters`` points (``n >= K q``
+  Every block should hold at least ``n_clusters`` points (``n >= K q``
   comfortably); an under-full block starts from public points for its missing
-  centroids (module docstring). ``num_blocks > n`` or ``num_clusters > n``
+  centroids (module docstring). ``num_blocks > n`` or ``n_clusters > n``
   raises ``ValueError`` before anything is spent.
 
   ``noise``: ``"discrete"`` (default: the noisy mean on the public grid ``g Z``, module
@@ -468,7 +469,7 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
   _validation.check_key(key)
   noise = _common.check_noise(noise)
   arr, lo, hi = _common.check_bounded_data(x, lower, upper, clip=clip)
-  k = _validation.check_positive_int(num_clusters, "num_clusters")
+  k = _validation.check_positive_int(n_clusters, "n_clusters")
   q = _validation.check_positive_int(num_blocks, "num_blocks")
   it = _validation.check_positive_int(iterations, "iterations")
   n = arr.shape[0]
@@ -476,10 +477,10 @@ def sample_aggregate_kmeans(key: jax.Array, x: Any, *, num_clusters: int, epsilo
     raise ValueError(f"num_blocks must be <= the number of rows of x (every block needs a "
                      f"row), got num_blocks={q}.")
   if k > n:
-    raise ValueError(f"num_clusters must be <= the number of rows of x, got num_clusters={k}.")
+    raise ValueError(f"n_clusters must be <= the number of rows of x, got n_clusters={k}.")
   eps = _validation.check_epsilon(epsilon, "epsilon", allow_inf=True)
   rel = _common.check_relation(neighbouring)
-  sens = sample_aggregate_sensitivity(lower=lo, upper=hi, num_clusters=k, num_blocks=q)
+  sens = sample_aggregate_sensitivity(lower=lo, upper=hi, n_clusters=k, num_blocks=q)
   discrete_params = None
   if math.isinf(eps):
     event, scale = events.NonPrivateDpEvent(), 0.0
@@ -507,17 +508,23 @@ class PrivateKMeans(checks.SharedAccountantMixin, ClusterMixin, BaseEstimator):
   """Private k-means (``method="lloyd"`` or ``"sample_aggregate"``), a scikit-learn clusterer.
 
   ``fit`` spends the event on ``accountant`` before releasing;
-  ``cluster_centers_``, ``predict``, ``score`` (negative cost, as scikit-learn)
-  and ``inertia`` are available. ``count_fraction``, ``init`` and
+  ``cluster_centers_``, ``predict`` and ``score`` (the negative cost
+  :func:`kmeans_cost` of the rows given, as scikit-learn) are available.
+  ``count_fraction``, ``init`` and
   ``neighbouring`` are those of :func:`dp_lloyd`; ``noise`` (``"discrete"``, the
   default, or ``"continuous"``) is passed to either method. ``iterations=None``
   means 5 for ``"lloyd"`` and 20 for ``"sample_aggregate"`` (resolved at ``fit``).
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
   (``seed=None``: fresh OS entropy per fit):
-  :class:`jaxdp._estimator_checks.SharedAccountantMixin`. No ``labels_`` is
-  stored: the training rows' assignments are a function of the private data;
-  ``fit_predict(x)`` returns them to the caller (``fit(x).predict(x)``).
+  :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
+
+  There is no ``inertia_`` nor ``labels_``: scikit-learn's are the cost and the
+  cluster assignments of the training rows, functions of the private data that
+  no noise covers. Measure the released centres on held-out rows with
+  ``score(x_held_out)`` (``-kmeans_cost``), and get the training rows' labels
+  with ``fit_predict(x)`` (``fit(x).predict(x)``, returned to the caller, never
+  stored).
   """
 
   def __init__(self, *, n_clusters: int, epsilon: float, lower: Any = None, upper: Any = None,
@@ -559,13 +566,13 @@ class PrivateKMeans(checks.SharedAccountantMixin, ClusterMixin, BaseEstimator):
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     if self.method == "lloyd":
-      c, ev = dp_lloyd(key, x, num_clusters=p["n_clusters"], epsilon=p["epsilon"],
+      c, ev = dp_lloyd(key, x, n_clusters=p["n_clusters"], epsilon=p["epsilon"],
                        lower=self.lower, upper=self.upper, iterations=p["iterations"],
                        count_fraction=self.count_fraction, init=self.init, clip=self.clip,
                        neighbouring=p["neighbouring"], accountant=self.accountant,
                        noise=p["noise"])
     else:
-      c, ev = sample_aggregate_kmeans(key, x, num_clusters=p["n_clusters"], epsilon=p["epsilon"],
+      c, ev = sample_aggregate_kmeans(key, x, n_clusters=p["n_clusters"], epsilon=p["epsilon"],
                                       lower=self.lower, upper=self.upper,
                                       num_blocks=self.num_blocks, iterations=p["iterations"],
                                       clip=self.clip, neighbouring=p["neighbouring"],
@@ -583,9 +590,9 @@ class PrivateKMeans(checks.SharedAccountantMixin, ClusterMixin, BaseEstimator):
     x = _common.check_query_x(x, self.n_features_in_, self)
     return np.asarray(_assign(jnp.asarray(x, jnp.float32), jnp.asarray(self.cluster_centers_)))
 
-  def inertia(self, x: Any) -> float:
-    checks.check_is_fitted(self, "cluster_centers_")
-    return float(kmeans_cost(x, self.cluster_centers_))
-
   def score(self, x: Any, y: Any = None) -> float:
-    return -self.inertia(x)
+    """``-kmeans_cost(x, cluster_centers_)`` (higher is better, as scikit-learn)."""
+    del y
+    checks.check_is_fitted(self, "cluster_centers_")
+    x = _common.check_query_x(x, self.n_features_in_, self)
+    return -float(kmeans_cost(x, self.cluster_centers_))

@@ -411,26 +411,71 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
 
   ``fit(x, y)`` takes one array whose columns ``categorical_features`` are
   integer codes (``num_categories`` values each) and whose other columns are
-  continuous within ``[lower, upper]``. Each fit spends its event on
-  ``accountant`` before releasing anything. ``noise``: ``"discrete"`` (default)
-  or ``"continuous"``, as :func:`private_naive_bayes`.
+  continuous within ``[lower, upper]`` (one bound per continuous column, in
+  their order in ``x``). Each fit spends its event on ``accountant`` before
+  releasing anything. ``noise``: ``"discrete"`` (default) or ``"continuous"``,
+  as :func:`private_naive_bayes`.
+
+  ``classes``: the PUBLIC label set (any sortable labels, e.g.
+  ``["<=50K", ">50K"]``), fixed before seeing the data, as
+  :class:`jaxdp.training.PrivateLogisticRegression`: ``classes_`` is it,
+  sorted, and ``predict`` returns its labels. A label of ``y`` outside it raises
+  ``ValueError`` before anything is spent. ``None`` reads the set off ``y``
+  (``np.unique``), which is NOT private, and warns.
+
+  One-hot / categorical data. Give every 0/1 indicator column (a one-hot
+  encoded category, a yes/no flag) to ``categorical_features`` with
+  ``num_categories=2``, and declare ``lower``/``upper`` for the continuous
+  columns only. A Gaussian is a poor model of a 0/1 column: a rare indicator
+  has a class variance near zero, so a row where it is 1 costs that class
+  hundreds of log-likelihood units and a few rare columns decide the prediction
+  (0.64 test accuracy on Adult even without noise). Under noise each of the
+  ~100 Gaussian columns adds a noisy term to the log-odds and their sum swamps
+  the few informative columns, so the fit falls to the majority class (Adult:
+  every test row at ``epsilon = 0.1``; at ``epsilon = 1``, 85-90% of them and
+  0.76 accuracy against a majority rate of 0.754), whereas the categorical
+  path's terms are logs of smoothed counts and it reaches about 0.82 at
+  ``epsilon = 1``::
+
+    import numpy as np
+    from jaxdp import classic, data
+
+    ds = data.load("adult", scale=False, add_constant=False, unit_ball=False)
+    bounds = {"age": (17, 90), "fnlwgt": (0, 1.5e6), "education-num": (1, 16),
+              "capital-gain": (0, 2e4), "capital-loss": (0, 3e3),
+              "hours-per-week": (1, 99)}  # public ranges, chosen without the data
+    names = list(ds.feature_names)
+    num = [j for j, f in enumerate(names) if f in bounds]
+    cat = [j for j, f in enumerate(names) if f not in bounds]  # one-hot 0/1 columns
+    lower, upper = np.array([bounds[names[j]] for j in num]).T
+    labels = np.asarray(ds.class_names)                        # ("<=50K", ">50K")
+    nb = classic.PrivateNaiveBayes(epsilon=1.0, classes=labels,
+                                   categorical_features=cat, num_categories=2,
+                                   lower=lower, upper=upper, clip=True)
+    nb.fit(ds.x_train, labels[ds.y_train])
+    print(nb.score(ds.x_test, labels[ds.y_test]))              # about 0.82
+
+  With no ``categorical_features`` every column is Gaussian and needs
+  ``lower``/``upper``; leaving them out raises ``ValueError`` at ``fit``.
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
   (``seed=None``: fresh OS entropy per fit):
   :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
 
   Attributes (after ``fit``): ``model_`` (the private :class:`NaiveBayesModel`),
-  ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.
+  ``event_``, ``classes_`` (the label set, public when ``classes`` is given),
+  ``n_features_in_``.
   """
 
-  def __init__(self, *, epsilon: float, num_classes: int, categorical_features: Sequence[int] = (),
-               num_categories: Any = None, lower: Any = None, upper: Any = None,
+  def __init__(self, *, epsilon: float, classes: Any = None,
+               categorical_features: Sequence[int] = (), num_categories: Any = None,
+               lower: Any = None, upper: Any = None,
                clip: bool = False, neighbouring: str = "replace_one",
                budget_split: Sequence[float] | None = None, alpha: float = 1.0,
                var_floor: float | None = None, accountant: Any = None, seed: Any = None,
                noise: str = "discrete"):
     self.epsilon = epsilon
-    self.num_classes = num_classes
+    self.classes = classes
     self.categorical_features = categorical_features
     self.num_categories = num_categories
     self.lower, self.upper, self.clip = lower, upper, clip
@@ -443,7 +488,7 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
   def _check_params(self) -> dict[str, Any]:
     """The parameters checked (before any work); the attributes are left unchanged."""
     epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
-    num_classes = _validation.check_positive_int(self.num_classes, "num_classes")
+    classes = checks.check_classes(self.classes, "classes")
     noise = _common.check_noise(self.noise)
     cats = self.categorical_features
     if isinstance(cats, (str, bytes)) or not hasattr(cats, "__iter__"):
@@ -453,10 +498,17 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
     if any(isinstance(j, bool) or not isinstance(j, (int, np.integer)) for j in cat_features):
       raise ValueError("categorical_features must be a sequence of column indices (ints).")
     cat_features = tuple(int(j) for j in cat_features)
+    if not cat_features and (self.lower is None or self.upper is None):
+      raise ValueError(
+          "lower and upper are required: with no categorical_features every column of x is "
+          "modelled as a Gaussian within declared public bounds. Declare lower/upper for the "
+          "continuous columns, and list the 0/1 indicator (one-hot) columns in "
+          "categorical_features with num_categories=2 (a Gaussian fit of indicator columns "
+          "predicts the majority class under noise; see the PrivateNaiveBayes docstring).")
     neighbouring = _common.check_relation(self.neighbouring)
     _common.check_accountant(self.accountant)
     _keys.check_seed(self.seed, "seed")
-    return dict(epsilon=epsilon, num_classes=num_classes, noise=noise,
+    return dict(epsilon=epsilon, classes=classes, noise=noise,
                 cat_features=cat_features, neighbouring=neighbouring)
 
   @staticmethod
@@ -475,22 +527,26 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
     return x_cat, x_num
 
   def fit(self, x: Any, y: Any) -> "PrivateNaiveBayes":
+    """Fits privately; parameters, ``x`` and ``y`` are checked before any key or spend."""
     p = self._check_params()
     x_cat, x_num = self._split(x, p["cat_features"])
+    y_np = checks.check_y(y, int(np.shape(x)[0]), "y")
+    classes, y_idx = checks.encode_labels(y_np, p["classes"], "y", "classes", stacklevel=3)
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     model, _, event = private_naive_bayes(
-        key, x_cat, x_num, y, num_classes=p["num_classes"], epsilon=p["epsilon"],
+        key, x_cat, x_num, y_idx, num_classes=classes.size, epsilon=p["epsilon"],
         num_categories=self.num_categories, lower=self.lower, upper=self.upper, clip=self.clip,
         neighbouring=p["neighbouring"], budget_split=self.budget_split, alpha=self.alpha,
         var_floor=self.var_floor, accountant=self.accountant, noise=p["noise"])
     self.model_, self.event_ = model, event
-    self.classes_ = np.arange(p["num_classes"])
+    self.classes_ = classes
     self.n_features_in_ = int(np.shape(x)[1])  # x was checked 2-D by _split
     self._cat_features, self._num_categories = p["cat_features"], self.num_categories
     return self
 
   def predict_log_joint(self, x: Any) -> np.ndarray:
+    """``log Pr(c) + sum_j log Pr(x_j | c)``: ``(n, len(classes_))``, in ``classes_`` order."""
     checks.check_is_fitted(self, "model_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self)
     x_cat, x_num = self._split(x, self._cat_features)
@@ -501,7 +557,10 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
     return np.asarray(joint_log_likelihood(self.model_, jnp.asarray(xc), jnp.asarray(xn)))
 
   def predict(self, x: Any) -> np.ndarray:
-    return np.argmax(self.predict_log_joint(x), axis=1)
+    """The most probable label of ``classes_`` for every row."""
+    joint = self.predict_log_joint(x)  # checks first (NotFittedError before classes_ is read)
+    return self.classes_[np.argmax(joint, axis=1)]
 
   def score(self, x: Any, y: Any) -> float:
+    """Accuracy: the share of rows whose predicted label equals ``y``'s."""
     return float(np.mean(self.predict(x) == np.asarray(y)))

@@ -275,21 +275,29 @@ class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEsti
 
   ``noise``: ``"discrete"`` (default) or ``"continuous"``, as :func:`private_random_trees`.
 
+  ``classes``: the PUBLIC label set (any sortable labels, e.g.
+  ``["<=50K", ">50K"]``), fixed before seeing the data, as
+  :class:`jaxdp.training.PrivateLogisticRegression`: ``classes_`` is it,
+  sorted, and ``predict`` returns its labels. A label of ``y`` outside it raises
+  ``ValueError`` before anything is spent. ``None`` reads the set off ``y``
+  (``np.unique``), which is NOT private, and warns.
+
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
   (``seed=None``: fresh OS entropy per fit):
   :class:`jaxdp._estimator_checks.SharedAccountantMixin`.
 
   Attributes (after ``fit``): ``trees_`` (the private :class:`RandomTrees`),
-  ``event_``, ``classes_`` (``0..num_classes-1``, public), ``n_features_in_``.
+  ``event_``, ``classes_`` (the label set, public when ``classes`` is given),
+  ``n_features_in_``.
   """
 
-  def __init__(self, *, epsilon: float, num_classes: int, lower: Any = None, upper: Any = None,
+  def __init__(self, *, epsilon: float, classes: Any = None, lower: Any = None, upper: Any = None,
                n_estimators: int = 10, depth: int = 5, tree_budget: str = "disjoint",
                clip: bool = False, neighbouring: str = "replace_one", accountant: Any = None,
                seed: Any = None, combine: str = "product", noise: str = "discrete"):
     self.epsilon = epsilon
     self.noise = noise
-    self.num_classes = num_classes
+    self.classes = classes
     self.lower, self.upper, self.clip = lower, upper, clip
     self.n_estimators, self.depth, self.tree_budget = n_estimators, depth, tree_budget
     self.neighbouring = neighbouring
@@ -301,37 +309,43 @@ class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEsti
     """The parameters checked (before any work); the attributes are left unchanged."""
     epsilon = _validation.check_epsilon(self.epsilon, "epsilon", allow_inf=True)
     noise = _common.check_noise(self.noise)
-    num_classes = _validation.check_positive_int(self.num_classes, "num_classes")
+    classes = checks.check_classes(self.classes, "classes")
     n_estimators = _validation.check_positive_int(self.n_estimators, "n_estimators")
     depth = _validation.check_positive_int(self.depth, "depth")
     neighbouring = _common.check_relation(self.neighbouring)
     _common.check_accountant(self.accountant)
     _keys.check_seed(self.seed, "seed")
     combine = _check_combine(self.combine)
-    return dict(epsilon=epsilon, noise=noise, num_classes=num_classes,
+    return dict(epsilon=epsilon, noise=noise, classes=classes,
                 n_estimators=n_estimators, depth=depth, neighbouring=neighbouring,
                 combine=combine)
 
   def fit(self, x: Any, y: Any) -> "PrivateRandomTrees":
+    """Fits privately; parameters, ``x`` and ``y`` are checked before any key or spend."""
     p = self._check_params()
+    x_np = checks.check_x(x, "x")
+    y_np = checks.check_y(y, x_np.shape[0], "y")
+    classes, y_idx = checks.encode_labels(y_np, p["classes"], "y", "classes", stacklevel=3)
     key = _keys.fit_key(self.seed, self._fits)
     self._fits += 1
     self.trees_, self.event_ = private_random_trees(
-        key, x, y, num_classes=p["num_classes"], epsilon=p["epsilon"], lower=self.lower,
+        key, x_np, y_idx, num_classes=classes.size, epsilon=p["epsilon"], lower=self.lower,
         upper=self.upper, num_trees=p["n_estimators"], depth=p["depth"],
         tree_budget=self.tree_budget, clip=self.clip, neighbouring=p["neighbouring"],
         accountant=self.accountant, noise=p["noise"])
-    self.classes_ = np.arange(p["num_classes"])
-    self.n_features_in_ = int(np.shape(x)[1])  # x was checked 2-D by the fit
+    self.classes_ = classes
+    self.n_features_in_ = int(x_np.shape[1])
     self._depth, self._combine = p["depth"], p["combine"]
     return self
 
   def predict(self, x: Any) -> np.ndarray:
+    """The label of ``classes_`` with the highest combined score, for every row."""
     checks.check_is_fitted(self, "trees_")  # NotFittedError (a ValueError)
     x = _common.check_query_x(x, self.n_features_in_, self)
     s = predict_scores(self.trees_, jnp.asarray(x, jnp.float32), self._depth,
                        combine=self._combine)
-    return np.asarray(jnp.argmax(s, axis=1))
+    return self.classes_[np.asarray(jnp.argmax(s, axis=1))]
 
   def score(self, x: Any, y: Any) -> float:
+    """Accuracy: the share of rows whose predicted label equals ``y``'s."""
     return float(np.mean(self.predict(x) == np.asarray(y)))

@@ -8,7 +8,7 @@ l2_reg = 2c`` (the paper's ``c = 0.001`` is ``l2_reg = 0.002``), rows with ``||x
 
 Pipeline (one interval; :func:`confidence_intervals`, :func:`confidence_intervals_batched`):
 
-1. ``theta~`` with budget ``phi_1``:
+1. ``theta~`` with privacy parameter ``phi_1``:
 
    * ``perturbation="objective"``: paper 003 **Algorithm 1** (improved constant
      ``eps' = eps - log(1 + t/(2nc))``, noise ``gamma = eps'/2``, Theorem 1), calibrated by
@@ -69,10 +69,13 @@ is spent and reported (``Calibration.event``, ``Calibration.group_size``). ``M``
 multiplicity over all replicates (a person in ``c_j`` copies of replicate ``j`` loses
 ``sum_j c_j phi <= M k phi``, resp. ``sum_j c_j^2 rho <= M k^2 rho``, by composition).
 
-Budget split (``fractions``): default paper 003 **Table 2** (:data:`TABLE2_FRACTIONS`);
-``budget`` is ``epsilon`` (``privacy="pure"``) or ``rho`` (``"zcdp"``); ``budget=inf``
-switches every privacy noise off (the intervals are then the classical sandwich
-intervals ``theta^ +- z sqrt((H^{-1} Sigma H^{-1})_jj / n)``, up to Monte Carlo error).
+Privacy parameter: exactly one of ``epsilon=`` (pure ``epsilon``-DP, Theorems 2 and 4) or
+``rho=`` (``rho``-zCDP); the notion follows from which is given and is recorded as
+``Calibration.privacy`` (``"pure"`` or ``"zcdp"``). Split of the total ``phi`` (``epsilon``
+or ``rho``) into ``(phi_1, phi_2, phi_3)`` (``fractions``): default paper 003 **Table 2**
+(:data:`TABLE2_FRACTIONS`). ``epsilon=inf`` (or ``rho=inf``) switches every privacy noise
+off (the intervals are then the classical sandwich intervals
+``theta^ +- z sqrt((H^{-1} Sigma H^{-1})_jj / n)``, up to Monte Carlo error).
 
 Eigenvalue floors (``floor``), beyond the paper. Algorithm 2 floors both released matrices
 at ``2c = Lambda`` (``floor="paper"``). The Hessian really is ``>= Lambda I`` (convex loss)
@@ -111,6 +114,10 @@ PERTURBATIONS = ("objective", "output")
 QUANTILES = ("exact", "monte_carlo")
 PRIVACY = spd_release.PRIVACY
 FLOORS = ("psd", "paper")
+# The options of confidence_intervals that confidence_intervals_batched passes on as **kwargs.
+_SINGLE_CALL_OPTIONS = frozenset(
+    ("loss", "perturbation", "l2_reg", "h", "alpha", "quantiles", "num_samples", "floor",
+     "fractions", "amp_fraction", "tol"))
 
 TABLE2_FRACTIONS: dict[tuple[str, str], tuple[float, float, float]] = {
     ("objective", "pure"): (0.65, 0.175, 0.175),
@@ -129,16 +136,36 @@ class BudgetSplit(NamedTuple):
   covariance: float
 
 
-def budget_split(budget: float, *, perturbation: str, privacy: str,
-                 fractions: Any = None) -> BudgetSplit:
-  """Splits the total ``budget`` (eps or rho) into ``(phi_1, phi_2, phi_3)``.
+def _privacy_parameter(epsilon: float | None = None, rho: float | None = None
+                      ) -> tuple[float, str]:
+  """``(phi, privacy)`` from exactly one of ``epsilon`` (pure DP) or ``rho`` (zCDP).
 
-  ``fractions`` defaults to paper 003 Table 2 for ``(perturbation, privacy)``; otherwise three
-  positive numbers summing to 1 (checked to 1e-9). ``budget = inf`` gives ``(inf, inf, inf)``.
+  ``phi`` is the total of paper 003 Theorems 2 and 4 (``epsilon`` or ``rho``; ``inf``: no
+  noise) and ``privacy`` is ``"pure"`` or ``"zcdp"``, whichever was given.
+
+  Raises:
+    ValueError: naming ``epsilon`` and ``rho`` when both or neither are given, or the one
+      given when it is not ``> 0`` (a non-number raises ArgumentTypeError naming it).
   """
+  if (epsilon is None) == (rho is None):
+    raise ValueError("give exactly one of epsilon= (pure DP) or rho= (zCDP), got "
+                     + ("both." if epsilon is not None else "neither."))
+  if epsilon is not None:
+    return _validation.check_positive(epsilon, "epsilon", allow_inf=True), "pure"
+  return _validation.check_positive(rho, "rho", allow_inf=True), "zcdp"
+
+
+def budget_split(*, epsilon: float | None = None, rho: float | None = None, perturbation: str,
+                 fractions: Any = None) -> BudgetSplit:
+  """Splits the total ``epsilon`` (pure DP) or ``rho`` (zCDP) into ``(phi_1, phi_2, phi_3)``.
+
+  Exactly one of ``epsilon`` and ``rho`` (:func:`_privacy_parameter`). ``fractions`` defaults
+  to paper 003 Table 2 for ``perturbation`` and the notion given (``epsilon``: ``"pure"``,
+  ``rho``: ``"zcdp"``); otherwise three positive numbers summing to 1 (checked to 1e-9). A
+  total of ``inf`` gives ``(inf, inf, inf)``.
+  """
+  total, privacy = _privacy_parameter(epsilon, rho)
   _check_choice(perturbation, PERTURBATIONS, "perturbation")
-  spd_release.check_privacy(privacy)
-  total = _validation.check_positive(budget, "budget", allow_inf=True)
   if fractions is None:
     fractions = TABLE2_FRACTIONS[(perturbation, privacy)]
   fr = tuple(float(f) for f in fractions)
@@ -200,22 +227,27 @@ class Calibration(NamedTuple):
   group_size: int = 1
 
 
-def calibrate(*, num_examples: int, dim: int, budget: float, loss: str = "logistic",
-              perturbation: str = "objective", privacy: str = "pure", l2_reg: float = 0.002,
-              h: float = 0.5, alpha: float = 0.05, quantiles: str = "exact",
+def calibrate(*, num_examples: int, dim: int, epsilon: float | None = None,
+              rho: float | None = None, loss: str = "logistic",
+              perturbation: str = "objective", l2_reg: float = 0.002, h: float = 0.5,
+              alpha: float = 0.05, quantiles: str = "exact",
               num_samples: int = 10_000, floor: str = "psd", fractions: Any = None,
               amp_fraction: float = 0.01, tol: float | None = None,
               num_rows: int | None = None) -> Calibration:
   """Validates the arguments and calibrates every noise of the pipeline (module docstring).
 
+  Exactly one of ``epsilon`` (pure DP) or ``rho`` (zCDP) is the total ``phi``;
+  ``Calibration.privacy`` records which.
+
   Raises:
-    ValueError: naming the argument: ``budget <= 0``, ``l2_reg <= 0`` (the sensitivities
-      divide by it) or too small for Algorithm 1 (``c <= t/(2n(e^eps - 1))``), ``h <= 0``,
-      ``alpha`` outside (0, 1), unknown ``loss``/``perturbation``/``privacy``/``floor``, ...
+    ValueError: naming the argument: both or neither of ``epsilon``/``rho``, either
+      ``<= 0``, ``l2_reg <= 0`` (the sensitivities divide by it) or too small for Algorithm 1
+      (``c <= t/(2n(e^eps - 1))``), ``h <= 0``, ``alpha`` outside (0, 1), unknown
+      ``loss``/``perturbation``/``floor``, ...
   """
+  _, privacy = _privacy_parameter(epsilon, rho)
   sensitivities.check_loss(loss)
   _check_choice(perturbation, PERTURBATIONS, "perturbation")
-  spd_release.check_privacy(privacy)
   _check_choice(floor, FLOORS, "floor")
   _check_choice(quantiles, QUANTILES, "quantiles")
   n = _validation.check_positive_int(num_examples, "num_examples")
@@ -226,7 +258,7 @@ def calibrate(*, num_examples: int, dim: int, budget: float, loss: str = "logist
   if not 0.0 < alpha < 1.0:
     raise ValueError(f"alpha must be in (0, 1), got {alpha}.")
   m = _validation.check_positive_int(num_samples, "num_samples")
-  split = budget_split(budget, perturbation=perturbation, privacy=privacy, fractions=fractions)
+  split = budget_split(epsilon=epsilon, rho=rho, perturbation=perturbation, fractions=fractions)
   private = math.isfinite(split.theta)
   k = linear_losses.lipschitz_constant(loss)
   rows = max(n, int(num_rows or n))
@@ -684,9 +716,9 @@ def _run(keys, x, y, counts, batched, chunk_size, accountant, kw, batch_mode="ma
     return ConfidenceIntervals(*(np.concatenate(f) for f in zip(*parts))), cal
 
 
-def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
-                         loss: str = "logistic", perturbation: str = "objective",
-                         privacy: str = "pure", l2_reg: float = 0.002, h: float = 0.5,
+def confidence_intervals(key: jax.Array, x: Any, y: Any, *, epsilon: float | None = None,
+                         rho: float | None = None, loss: str = "logistic",
+                         perturbation: str = "objective", l2_reg: float = 0.002, h: float = 0.5,
                          alpha: float = 0.05, quantiles: str = "exact",
                          num_samples: int = 10_000, floor: str = "psd",
                          fractions: Any = None, counts: Any = None, amp_fraction: float = 0.01,
@@ -698,10 +730,11 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
     key: a ``jax.random`` key, used once (split into the five noises of the pipeline).
     x: ``(N, d)`` features with ``||x_i|| <= 1`` (intercept included), checked.
     y: ``(N,)`` labels in ``{-1, +1}`` or ``{0, 1}``.
-    budget: total ``epsilon`` (``privacy="pure"``) or ``rho`` (``"zcdp"``); ``inf`` = no noise.
+    epsilon: total ``epsilon`` of pure ``epsilon``-DP (Theorems 2 and 4); ``inf`` = no noise.
+    rho: total ``rho`` of ``rho``-zCDP (Theorems 2 and 4); ``inf`` = no noise. Give exactly
+      one of ``epsilon`` and ``rho``: it selects the privacy notion (``Calibration.privacy``).
     loss: ``"logistic"`` (logistic regression) or ``"huber"`` (Huberized SVM, width ``h``).
     perturbation: ``"objective"`` (Alg. 1 + Alg. 3) or ``"output"`` (Alg. 4 + Alg. 5).
-    privacy: ``"pure"`` or ``"zcdp"``.
     l2_reg: ``Lambda = 2c`` of ``(Lambda/2)||theta||^2`` (paper ``c = 0.001``: 0.002).
     alpha: ``1 - alpha`` is the nominal coverage.
     quantiles: ``"exact"`` (default: the quantiles of the law that Algorithms 3 and 5 sample,
@@ -710,27 +743,34 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, budget: float,
     num_samples: Monte Carlo draws ``m`` (paper: 10,000; ``quantiles="monte_carlo"`` only).
     floor: ``"psd"`` (covariance floored at 0, Hessian at ``Lambda``) or ``"paper"``
       (both at ``2c = Lambda``, Algorithm 2); both are post-processing (module docstring).
-    fractions: ``(phi_1, phi_2, phi_3)/budget`` (default: paper 003 Table 2).
+    fractions: ``(phi_1, phi_2, phi_3) / phi`` of the total ``phi`` (``epsilon`` or ``rho``;
+      default: paper 003 Table 2).
     counts: optional ``(N,)`` integer row multiplicities (the dataset in which row ``i``
       appears ``counts[i]`` times, e.g. a bootstrap replicate); ``n = sum(counts)``. The
       privacy unit stays one row of ``x``: the event is the group-privacy one at
       ``k = max(counts)`` (``k phi`` pure, ``k^2 rho`` zCDP; module docstring).
     amp_fraction, tol: Approximate Minima Perturbation share of ``phi_1`` and the certified
       gradient tolerance (objective perturbation; :mod:`jaxdp.training.objective_perturbation`).
-    accountant: optional :class:`jaxdp.accounting.PrivacyAccountant` (or budget); the
-      event is spent BEFORE anything is computed.
+    accountant: optional :class:`jaxdp.accounting.PrivacyAccountant` or
+      :class:`jaxdp.accounting.PrivacyBudget`; the event is spent BEFORE anything is computed.
 
   Returns:
     ``(ConfidenceIntervals, Calibration)``; ``Calibration.event`` is the DpEvent spent.
+
+  Raises:
+    ValueError: both or neither of ``epsilon``/``rho``, or the one given ``<= 0``, before any
+      work or spend; other invalid arguments name themselves (:func:`calibrate`).
   """
   _validation.check_key(key)
-  kw = dict(budget=budget, loss=loss, perturbation=perturbation, privacy=privacy, l2_reg=l2_reg,
+  _privacy_parameter(epsilon, rho)
+  kw = dict(epsilon=epsilon, rho=rho, loss=loss, perturbation=perturbation, l2_reg=l2_reg,
             h=h, alpha=alpha, quantiles=quantiles, num_samples=num_samples, floor=floor,
             fractions=fractions, amp_fraction=amp_fraction, tol=tol)
   return _run(key, x, y, counts, False, None, accountant, kw)
 
 
-def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: float,
+def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *,
+                                 epsilon: float | None = None, rho: float | None = None,
                                  counts: Any = None, chunk_size: int | None = None,
                                  batch_mode: str = "auto", accountant: Any = None,
                                  **kwargs) -> tuple[ConfidenceIntervals, Calibration]:
@@ -754,7 +794,15 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
   the cache), ``"vmap"`` (``jax.vmap``: on a GPU one launch serves the whole chunk, where
   ``"map"`` pays a chain of small launches per replicate) or ``"auto"`` (default:
   ``"map"`` on a CPU backend, else ``"vmap"``).
+
+  ``epsilon``/``rho`` (exactly one) and ``kwargs`` (``loss``, ``perturbation``, ``l2_reg``,
+  ...) are those of :func:`confidence_intervals`, checked before any work or spend.
   """
+  unknown = sorted(set(kwargs) - _SINGLE_CALL_OPTIONS)
+  if unknown:
+    raise TypeError(f"confidence_intervals_batched got unexpected keyword arguments {unknown}; "
+                    f"it takes those of confidence_intervals: {sorted(_SINGLE_CALL_OPTIONS)}.")
+  _privacy_parameter(epsilon, rho)
   # The library's one rule for "auto" (map on a CPU, vmap on an accelerator); it validates too.
   batch_mode = linear.resolve_batch_mode(batch_mode)
   _validation.check_key(keys, "keys", allow_batch=True)
@@ -770,5 +818,6 @@ def confidence_intervals_batched(keys: jax.Array, x: Any, y: Any, *, budget: flo
     raise ValueError(f"counts must have one row per key ({num}), got shape {np.shape(counts)}.")
   workers = batching.num_chunks(num, batch_mode)  # host threads: one per core on a CPU map
   chunk = min(chunk, -(-num // workers))  # every core gets a chunk
-  return _run(keys, x, y, counts, True, chunk, accountant, dict(budget=budget, **kwargs),
+  return _run(keys, x, y, counts, True, chunk, accountant,
+              dict(epsilon=epsilon, rho=rho, **kwargs),
               batch_mode=batch_mode, workers=workers)

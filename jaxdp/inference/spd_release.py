@@ -3,7 +3,8 @@ r"""PrivSPDMat: private release of a symmetric positive (semi)definite matrix.
 Paper 003 = ``../shared/papers/003_dp_confidence_intervals_for_erm.md``, Sec. 4.3,
 **Algorithm 2** and **Lemma 1** (proof App. A.2).
 
-Given a symmetric ``M`` (``d x d``) with L2 (Frobenius) sensitivity ``Delta`` and a budget ``phi``:
+Given a symmetric ``M`` (``d x d``) with L2 (Frobenius) sensitivity ``Delta`` and the privacy
+parameter ``phi`` of Algorithm 2 (``epsilon`` for pure DP, ``rho`` for zCDP):
 
 1. ``M~ = M + mat(eta)`` with ``eta`` in ``R^{d^2}``:
 
@@ -49,18 +50,19 @@ def check_privacy(privacy: str) -> str:
   return privacy
 
 
-def spd_noise(key: jax.Array, dim: int, sensitivity: Any, budget: Any, *, privacy: str,
+def spd_noise(key: jax.Array, dim: int, sensitivity: Any, phi: Any, *, privacy: str,
               dtype: Any = jnp.float32) -> jax.Array:
   r"""The ``(dim, dim)`` noise matrix ``mat(eta)`` of Algorithm 2 lines 1-7.
 
-  ``sensitivity`` and ``budget`` may be traced (vmap over them); ``budget = inf`` gives zeros.
-  Pure: spherical Laplace with ``gamma = budget / sensitivity``; zCDP: Gaussian with
-  ``sigma = sensitivity / sqrt(2 budget)``.
+  ``phi`` is Algorithm 2's privacy parameter: ``epsilon`` for ``privacy="pure"``, ``rho`` for
+  ``"zcdp"``. ``sensitivity`` and ``phi`` may be traced (vmap over them); ``phi = inf`` gives
+  zeros. Pure: spherical Laplace with ``gamma = phi / sensitivity``; zCDP: Gaussian with
+  ``sigma = sensitivity / sqrt(2 phi)``.
   """
   check_privacy(privacy)
   if privacy == "pure":
-    return l2_laplace_noise(key, (dim, dim), budget / sensitivity, dtype)
-  return gaussian_noise(key, (dim, dim), sensitivity / jnp.sqrt(2.0 * budget), dtype)
+    return l2_laplace_noise(key, (dim, dim), phi / sensitivity, dtype)
+  return gaussian_noise(key, (dim, dim), sensitivity / jnp.sqrt(2.0 * phi), dtype)
 
 
 def symmetrize_and_floor(matrix: jax.Array, floor: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -75,7 +77,7 @@ def symmetrize_and_floor(matrix: jax.Array, floor: Any) -> tuple[jax.Array, jax.
   return (vec * lam) @ vec.T, lam, vec
 
 
-def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget: Any, *,
+def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, phi: Any, *,
                     privacy: str = "pure", floor: Any = 0.0) -> jax.Array:
   r"""PrivSPDMat (paper 003 Algorithm 2): ``phi``-DP or ``phi``-zCDP release of a symmetric matrix.
 
@@ -84,7 +86,8 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
     matrix: ``(d, d)`` symmetric matrix computed from the data.
     sensitivity: its L2 (Frobenius) sensitivity under the neighbouring relation the
       caller accounts for (replace-one for paper 003 Lemmas 2-5), ``> 0``.
-    budget: ``phi`` (epsilon for ``privacy="pure"``, rho for ``"zcdp"``), ``> 0``.
+    phi: the privacy parameter ``phi`` of Algorithm 2: epsilon for ``privacy="pure"``, rho
+      for ``"zcdp"``; ``> 0`` (``inf``: no noise).
     privacy: ``"pure"`` or ``"zcdp"``.
     floor: lower bound on the released eigenvalues (paper: ``2c``; see the module docstring);
       a real number (``-inf`` allowed: no floor), not NaN or ``+inf``.
@@ -93,7 +96,7 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
     The released ``(d, d)`` symmetric matrix with every eigenvalue ``>= floor``.
 
   Raises:
-    ValueError: naming ``sensitivity`` (not ``> 0``), ``budget`` (not ``> 0``), ``floor``
+    ValueError: naming ``sensitivity`` (not ``> 0``), ``phi`` (not ``> 0``), ``floor``
       (NaN, ``+inf`` or not a real scalar), ``privacy``, or ``matrix`` (not square, not finite).
 
   Describe the release with :func:`priv_spd_matrix_event`. Traced arguments are not
@@ -101,9 +104,9 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
   """
   _validation.check_key(key)
   check_privacy(privacy)
-  for val, name in ((sensitivity, "sensitivity"), (budget, "budget")):
+  for val, name in ((sensitivity, "sensitivity"), (phi, "phi")):
     if not isinstance(val, jax.core.Tracer):
-      _validation.check_positive(val, name, allow_inf=(name == "budget"))
+      _validation.check_positive(val, name, allow_inf=(name == "phi"))
   if not isinstance(floor, jax.core.Tracer):
     fl = float(floor) if _is_real_scalar(floor) else None
     if fl is None or math.isnan(fl) or fl == math.inf:
@@ -114,7 +117,7 @@ def priv_spd_matrix(key: jax.Array, matrix: jax.Array, sensitivity: Any, budget:
     raise ValueError(f"matrix must be square (d, d), got shape {matrix.shape}.")
   _validation.check_finite_if_concrete(matrix, "matrix")
   dtype = matrix.dtype if jnp.issubdtype(matrix.dtype, jnp.floating) else jnp.float32
-  noisy = matrix.astype(dtype) + spd_noise(key, matrix.shape[0], sensitivity, budget,
+  noisy = matrix.astype(dtype) + spd_noise(key, matrix.shape[0], sensitivity, phi,
                                            privacy=privacy, dtype=dtype)
   return symmetrize_and_floor(noisy, floor)[0]
 
@@ -129,15 +132,18 @@ def _is_real_scalar(value: Any) -> bool:
   return not jnp.iscomplexobj(value)
 
 
-def priv_spd_matrix_event(budget: float, *, privacy: str = "pure",
-                          neighbouring: str = "replace_one", unit: str = "example") -> Any:
+def priv_spd_matrix_event(phi: float, *, privacy: str = "pure",
+                          neighbouring: str = "replace_one",
+                          unit: str = "example") -> events.DpEvent:
   """DpEvent of one :func:`priv_spd_matrix` call (paper 003 Lemma 1).
 
-  ``PureDpEvent(phi)`` or ``ZCDpEvent(phi)``, tagged with the relation the sensitivity was
-  computed for (paper 003 Lemmas 2-5: replace-one) and the privacy unit.
+  ``phi`` is Algorithm 2's privacy parameter (epsilon for ``privacy="pure"``, rho for
+  ``"zcdp"``). ``PureDpEvent(phi)`` or ``ZCDpEvent(phi)`` (``NonPrivateDpEvent`` for
+  ``phi = inf``), tagged with the relation the sensitivity was computed for (paper 003
+  Lemmas 2-5: replace-one) and the privacy unit.
   """
   check_privacy(privacy)
-  phi = _validation.check_positive(budget, "budget", allow_inf=True)
+  phi = _validation.check_positive(phi, "phi", allow_inf=True)
   if math.isinf(phi):
     return events.NonPrivateDpEvent()
   if privacy == "pure":

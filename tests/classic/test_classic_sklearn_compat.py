@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from sklearn import base
 from sklearn.base import clone
+from sklearn.model_selection import GridSearchCV
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import MinMaxScaler
 from sklearn.utils import estimator_checks
@@ -39,9 +40,9 @@ _BOX = dict(lower=0.0, upper=1.0, clip=True)
 def _make(name, **kw):
   """A small estimator of each kind (parameters valid unless overridden by ``kw``)."""
   if name == "naive_bayes":
-    return nb.PrivateNaiveBayes(**{"epsilon": 1.0, "num_classes": 2, **_BOX, **kw})
+    return nb.PrivateNaiveBayes(**{"epsilon": 1.0, "classes": [0, 1], **_BOX, **kw})
   if name == "random_trees":
-    return rt.PrivateRandomTrees(**{"epsilon": 1.0, "num_classes": 2, "n_estimators": 2,
+    return rt.PrivateRandomTrees(**{"epsilon": 1.0, "classes": [0, 1], "n_estimators": 2,
                                     "depth": 2, **_BOX, **kw})
   if name == "kmeans":
     return km.PrivateKMeans(**{"n_clusters": 2, "epsilon": 1.0, "iterations": 2, **_BOX, **kw})
@@ -131,13 +132,16 @@ def test_kmeans_fit_predict_and_pca_fit_transform():
 # key draw or spend.
 BAD = [
     ("naive_bayes", dict(epsilon=0.0), "epsilon"),
-    ("naive_bayes", dict(num_classes=1.5), "num_classes"),
+    ("naive_bayes", dict(classes=[1]), "classes"),
     ("naive_bayes", dict(noise="laplace"), "noise"),
     ("naive_bayes", dict(categorical_features="0"), "categorical_features"),
     ("naive_bayes", dict(categorical_features=[7]), "categorical_features"),
     ("naive_bayes", dict(neighbouring="add"), "neighbouring"),
     ("naive_bayes", dict(seed=1.5), "seed"),
     ("naive_bayes", dict(accountant="acc"), "accountant"),
+    ("naive_bayes", dict(classes="ab"), "classes"),
+    ("naive_bayes", dict(lower=None), "lower and upper are required"),
+    ("random_trees", dict(classes=[0, 0]), "classes"),
     ("random_trees", dict(epsilon=float("nan")), "epsilon"),
     ("random_trees", dict(combine="vote"), "combine"),
     ("random_trees", dict(depth=0), "depth"),
@@ -175,6 +179,74 @@ def test_bad_parameters_raise_at_fit_before_any_spend(name, kw, pattern, monkeyp
   assert draws == []  # refused before the key draw
   assert acc.pure_epsilon() == 0.0
   assert not hasattr(est, "event_")
+
+
+# Labels: the PUBLIC label set ``classes`` (any sortable labels), as the training estimators.
+_LABELS = np.array(["<=50K", ">50K"])
+CLASSIFIERS = ("naive_bayes", "random_trees")
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_string_labels_round_trip_through_classes(name):
+  x, y = MinMaxScaler().fit_transform(_X), _LABELS[_Y]
+  est = _make(name, classes=[">50K", "<=50K"], seed=0).fit(x, y)
+  np.testing.assert_array_equal(est.classes_, ["<=50K", ">50K"])  # sorted, as scikit-learn
+  pred = est.predict(x)
+  assert pred.shape == (40,) and set(pred) <= {"<=50K", ">50K"}
+  assert est.score(x, y) == pytest.approx(np.mean(pred == y))
+  # Integer labels 0/1 through the same set in index order: the same model and predictions.
+  idx = _make(name, classes=[0, 1], seed=0).fit(x, _Y)
+  np.testing.assert_array_equal(_LABELS[idx.predict(x)], pred)
+  # classes=None reads the set off y: allowed, with a warning that it is not private.
+  with pytest.warns(UserWarning, match="NOT differentially private"):
+    inferred = _make(name, classes=None, seed=0).fit(x, y)
+  np.testing.assert_array_equal(inferred.classes_, ["<=50K", ">50K"])
+
+
+@pytest.mark.parametrize("name", CLASSIFIERS)
+def test_label_outside_classes_raises_naming_y_before_any_spend(name, monkeypatch):
+  acc = PrivacyAccountant()
+  y = _LABELS[_Y].astype(object)
+  y[5] = "unknown"
+  est = _make(name, classes=list(_LABELS), accountant=acc)
+  draws = []
+  real = _keys.fit_key
+  monkeypatch.setattr(_keys, "fit_key", lambda *a, **k: draws.append(1) or real(*a, **k))
+  with pytest.raises(ValueError, match=r"y contains labels outside classes.*row 5") as err:
+    est.fit(MinMaxScaler().fit_transform(_X), y)
+  assert "unknown" not in str(err.value)  # the row is named, never the private label
+  assert draws == [] and acc.ledger == () and acc.pure_epsilon() == 0.0
+  assert not hasattr(est, "event_")
+
+
+# A tiny grid each; k-means searches a parameter that changes no noise scale (each scale is
+# a compile-time constant of its jitted core: a grid over epsilon would compile every point).
+GRIDS = {"naive_bayes": {"epsilon": [1.0, 2.0]}, "random_trees": {"epsilon": [1.0, 2.0]},
+         "kmeans": {"init": ["central", "uniform"]}}
+
+
+@pytest.mark.parametrize("name", sorted(GRIDS))
+def test_grid_search_clones_share_the_accountant(name):
+  acc = PrivacyAccountant()
+  x = MinMaxScaler().fit_transform(_X)
+  labels = {} if name == "kmeans" else {"classes": list(_LABELS)}
+  est = _make(name, accountant=acc, **labels)  # seed=None: fresh noise at every fit
+  c = clone(est)
+  assert c.get_params()["accountant"] is acc and c.get_params()["epsilon"] == 1.0
+  gs = GridSearchCV(est, GRIDS[name], cv=2)
+  if name == "kmeans":
+    gs.fit(x)
+    assert gs.best_estimator_.cluster_centers_.shape == (2, 3)
+  else:
+    gs.fit(x, _LABELS[_Y])
+    assert set(gs.predict(x)) <= set(_LABELS)
+    np.testing.assert_array_equal(gs.best_estimator_.classes_, _LABELS)
+  assert np.isfinite(gs.best_score_)
+  # Every fit is charged to the shared ledger: 2 folds x 2 grid points, plus the refit.
+  eps = GRIDS[name].get("epsilon", [1.0, 1.0])
+  best = gs.best_params_.get("epsilon", 1.0)
+  assert acc.pure_epsilon() == pytest.approx(2 * sum(eps) + best)
+  assert not hasattr(est, "event_")  # the estimator given to GridSearchCV is left unfitted
 
 
 # scikit-learn's own API checks that need no fit (each with its own assertions).

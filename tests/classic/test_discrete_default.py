@@ -29,8 +29,8 @@ NB_GRID = 2.0**-10  # largest power of two <= Delta_num/(c 2^10) = 1/2^10 (modul
 # One configuration per model, shared by every test (one compilation each).
 NB = dict(num_classes=2, epsilon=1.0, num_categories=3, lower=0.0, upper=1.0)
 RT = dict(num_classes=2, epsilon=1.0, lower=0.0, upper=1.0, num_trees=4, depth=4)
-LLOYD = dict(num_clusters=2, epsilon=1.0, lower=0.0, upper=1.0, iterations=2)
-SA = dict(num_clusters=2, epsilon=5.0, lower=0.0, upper=1.0, num_blocks=8, iterations=3)
+LLOYD = dict(n_clusters=2, epsilon=1.0, lower=0.0, upper=1.0, iterations=2)
+SA = dict(n_clusters=2, epsilon=5.0, lower=0.0, upper=1.0, num_blocks=8, iterations=3)
 
 
 def _on_grid(values, step):
@@ -163,10 +163,12 @@ def test_estimators_pass_noise_and_refit_on_the_grid(estimator):
     if estimator == "nb":
       xc, xn, y = _nb_data()
       est = nb.PrivateNaiveBayes(categorical_features=[0, 1], seed=0, noise=noise,
-                                 **NB).fit(np.hstack([xc, xn]), y)
+                                 classes=[0, 1], epsilon=NB["epsilon"],
+                                 num_categories=NB["num_categories"], lower=NB["lower"],
+                                 upper=NB["upper"]).fit(np.hstack([xc, xn]), y)
       leaf = est.event_.events[0]
     elif estimator == "rt":
-      est = rt.PrivateRandomTrees(num_classes=2, epsilon=1.0, lower=0.0, upper=1.0,
+      est = rt.PrivateRandomTrees(classes=[0, 1], epsilon=1.0, lower=0.0, upper=1.0,
                                   n_estimators=RT["num_trees"], depth=RT["depth"], seed=0,
                                   noise=noise).fit(X, Y)
       leaf = est.event_
@@ -190,14 +192,14 @@ def test_bad_noise_raises_naming_it(bad):
   calls = [
       lambda: _nb_fit(jax.random.key(0), noise=bad),
       lambda: nb.naive_bayes_calibration(num_cat=1, num_num=1, epsilon=1.0, noise=bad),
-      lambda: nb.PrivateNaiveBayes(epsilon=1.0, num_classes=2, noise=bad).fit(x, y),
+      lambda: nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1], noise=bad).fit(x, y),
       lambda: rt.private_random_trees(jax.random.key(0), x, y, num_classes=2, epsilon=1.0,
                                       lower=0.0, upper=1.0, noise=bad),
-      lambda: rt.PrivateRandomTrees(epsilon=1.0, num_classes=2, noise=bad).fit(x, y),
+      lambda: rt.PrivateRandomTrees(epsilon=1.0, classes=[0, 1], noise=bad).fit(x, y),
       lambda: rt.random_trees_scale(num_trees=2, epsilon=1.0, noise=bad),
-      lambda: km.dp_lloyd(jax.random.key(0), x, num_clusters=2, epsilon=1.0, lower=0.0,
+      lambda: km.dp_lloyd(jax.random.key(0), x, n_clusters=2, epsilon=1.0, lower=0.0,
                           upper=1.0, noise=bad),
-      lambda: km.sample_aggregate_kmeans(jax.random.key(0), x, num_clusters=2, epsilon=1.0,
+      lambda: km.sample_aggregate_kmeans(jax.random.key(0), x, n_clusters=2, epsilon=1.0,
                                          lower=0.0, upper=1.0, num_blocks=4, noise=bad),
       lambda: km.lloyd_calibration(lower=0.0, upper=1.0, epsilon=1.0, iterations=2, noise=bad),
       lambda: km.PrivateKMeans(n_clusters=2, epsilon=1.0, noise=bad).fit(x),

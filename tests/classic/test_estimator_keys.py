@@ -25,10 +25,10 @@ _Y[:3] = [0, 1, 2]
 def _make(name, seed=None):
   """A small estimator of each kind and ``release(est) -> float64 vector``."""
   if name == "naive_bayes":
-    est = nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=0, upper=1, seed=seed)
+    est = nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2], lower=0, upper=1, seed=seed)
     return est, lambda e: np.concatenate([np.ravel(e.model_.log_prior), np.ravel(e.model_.mean)])
   if name == "random_trees":
-    est = rt.PrivateRandomTrees(epsilon=1.0, num_classes=3, lower=0, upper=1, n_estimators=2,
+    est = rt.PrivateRandomTrees(epsilon=1.0, classes=[0, 1, 2], lower=0, upper=1, n_estimators=2,
                                 depth=2, seed=seed)
     return est, lambda e: np.ravel(e.trees_.counts)
   if name == "kmeans":
@@ -90,7 +90,7 @@ def test_difference_of_two_default_releases_is_not_the_exact_change():
   # epsilon = 10: Laplace scale 0.6 on counts of about 10, never floored at 0. Continuous
   # noise: the discrete default draws the integer 0 with probability (1 - q)/(1 + q) = 0.68
   # (q = e^(-1/0.6)), so two fresh releases would tie by chance in about 1 run in 10.
-  a, b = (nb.PrivateNaiveBayes(epsilon=10.0, num_classes=3, lower=0, upper=1,
+  a, b = (nb.PrivateNaiveBayes(epsilon=10.0, classes=[0, 1, 2], lower=0, upper=1,
                                noise="continuous") for _ in range(2))
   pa = np.exp(np.asarray(_fit(a, _X, _Y).model_.log_prior, np.float64))
   pb = np.exp(np.asarray(_fit(b, _X, y2).model_.log_prior, np.float64))

@@ -56,7 +56,7 @@ def test_dp_lloyd_sums_are_float64():
   rng = np.random.default_rng(2)
   x = rng.uniform(0.9, 1.0, size=(50_000, 2))
   init = np.array([[0.9, 0.9], [1.0, 1.0]])
-  c, _ = km.dp_lloyd(jax.random.key(0), x, num_clusters=2, epsilon=np.inf, lower=0, upper=1,
+  c, _ = km.dp_lloyd(jax.random.key(0), x, n_clusters=2, epsilon=np.inf, lower=0, upper=1,
                      iterations=1, init=init)
   lab = np.argmin(((x[:, None] - init[None]) ** 2).sum(-1), 1)
   want = np.stack([x[lab == k].mean(0) for k in (0, 1)])

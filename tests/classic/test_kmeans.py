@@ -62,7 +62,7 @@ def test_initialisations_are_data_independent_and_inside_the_box():
   assert np.any(whole < q)  # the whole-box draw does leave the central half
   x = np.random.default_rng(0).random((50, 3)) * (hi - lo) + lo
   with pytest.raises(ValueError, match="init"):
-    km.dp_lloyd(key, x, num_clusters=2, epsilon=1.0, lower=lo, upper=hi, init="kmeans++")
+    km.dp_lloyd(key, x, n_clusters=2, epsilon=1.0, lower=lo, upper=hi, init="kmeans++")
 
 
 def test_auto_count_fraction():
@@ -85,14 +85,14 @@ def test_add_remove_halves_the_sensitivities():
   assert (cal.count_sensitivity, cal.sum_sensitivity) == (1.0, 2.0)
   assert cal.count_scale == pytest.approx(1.0 / 0.125)
   assert cal.sum_scale == pytest.approx(2.0 / 0.375)
-  assert km.sample_aggregate_sensitivity(lower=[0, -1], upper=[2, 1], num_clusters=3,
+  assert km.sample_aggregate_sensitivity(lower=[0, -1], upper=[2, 1], n_clusters=3,
                                          num_blocks=6) == pytest.approx(3 * 4 / 6)
 
 
 def test_eps_inf_reproduces_sklearn_lloyd():
   x = _blobs()
   init = np.array([[-1.0, -1.0], [1.0, 1.5], [1.5, -1.0]])
-  c, ev = km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=np.inf, lower=-4, upper=4,
+  c, ev = km.dp_lloyd(jax.random.key(0), x, n_clusters=3, epsilon=np.inf, lower=-4, upper=4,
                       iterations=20, init=init)
   ref = KMeans(3, init=init, n_init=1, max_iter=20, algorithm="lloyd").fit(x)
   np.testing.assert_allclose(c, ref.cluster_centers_, atol=1e-4)
@@ -110,7 +110,7 @@ def test_private_fit_cost_and_accounting(method):
   # 1 key in 8, and the block mean of sample and aggregate is far off for some keys).
   # Lloyd: near the optimum. Sample and aggregate adds Lap(3*16/100/2 = 0.24) per
   # coordinate, about 4 * 0.24^2 = 0.23 per point on top of the optimum's 0.32.
-  assert est.inertia(x) < (1.5 if method == "lloyd" else 3.0) * ref
+  assert -est.score(x) < (1.5 if method == "lloyd" else 3.0) * ref
   assert acc.pure_epsilon() == pytest.approx(2.0)
   assert acc.neighbouring == "replace_one"
   assert est.predict(x).shape == (6000,)
@@ -129,15 +129,15 @@ def test_empty_clusters_get_noise_too():
 def test_bad_inputs_raise():
   x = _blobs(100)
   with pytest.raises(ValueError, match="bounds are required"):
-    km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=None, upper=4)
+    km.dp_lloyd(jax.random.key(0), x, n_clusters=3, epsilon=1.0, lower=None, upper=4)
   with pytest.raises(ValueError, match="outside the declared bounds"):
-    km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=-1, upper=1)
+    km.dp_lloyd(jax.random.key(0), x, n_clusters=3, epsilon=1.0, lower=-1, upper=1)
   with pytest.raises(ValueError, match="count_fraction"):
     km.lloyd_calibration(lower=0, upper=1, epsilon=1.0, iterations=2, count_fraction=1.0)
   with pytest.raises(ValueError, match="method"):
     km.PrivateKMeans(n_clusters=2, epsilon=1.0, method="kmeans++").fit(x)
   with pytest.raises(ValueError, match="init must have shape"):
-    km.dp_lloyd(jax.random.key(0), x, num_clusters=3, epsilon=1.0, lower=-4, upper=4,
+    km.dp_lloyd(jax.random.key(0), x, n_clusters=3, epsilon=1.0, lower=-4, upper=4,
                 init=np.zeros((2, 2)))
 
 
@@ -213,7 +213,7 @@ def test_audit_sample_and_aggregate_worst_case():
   # q = K = 1, n = 1: the block output is the point itself, so moving it across the
   # box moves the mean by the full Delta_1 = sum(u - l) = 2.
   eps = 1.0
-  sens = km.sample_aggregate_sensitivity(lower=_LO, upper=_HI, num_clusters=1, num_blocks=1)
+  sens = km.sample_aggregate_sensitivity(lower=_LO, upper=_HI, n_clusters=1, num_blocks=1)
   mech = lambda key, d: km._sample_aggregate_core(
       key, d, jnp.asarray(_LO, jnp.float32), jnp.asarray(_HI, jnp.float32), k=1, num_blocks=1,
       iterations=2, scale=sens / eps)
@@ -286,9 +286,9 @@ def test_sample_aggregate_refuses_more_blocks_or_clusters_than_rows():
   x = np.random.default_rng(0).uniform(size=(10, 2))
   kw = dict(epsilon=1.0, lower=0, upper=1)
   with pytest.raises(ValueError, match="num_blocks"):
-    km.sample_aggregate_kmeans(jax.random.key(0), x, num_clusters=2, num_blocks=11, **kw)
-  with pytest.raises(ValueError, match="num_clusters"):
-    km.sample_aggregate_kmeans(jax.random.key(0), x, num_clusters=11, num_blocks=2, **kw)
+    km.sample_aggregate_kmeans(jax.random.key(0), x, n_clusters=2, num_blocks=11, **kw)
+  with pytest.raises(ValueError, match="n_clusters"):
+    km.sample_aggregate_kmeans(jax.random.key(0), x, n_clusters=11, num_blocks=2, **kw)
   acc = PrivacyAccountant()
   with pytest.raises(ValueError, match="num_blocks"):
     km.PrivateKMeans(n_clusters=2, epsilon=1.0, lower=0, upper=1, method="sample_aggregate",
@@ -302,6 +302,6 @@ def test_calibrations_refuse_lower_above_upper(fn):
     if fn == "lloyd_calibration":
       km.lloyd_calibration(lower=[0.0, 1.0], upper=[1.0, 0.5], epsilon=1.0, iterations=2)
     else:
-      km.sample_aggregate_sensitivity(lower=1.0, upper=0.0, num_clusters=2, num_blocks=3)
+      km.sample_aggregate_sensitivity(lower=1.0, upper=0.0, n_clusters=2, num_blocks=3)
   with pytest.raises(ValueError, match="num_blocks"):
-    km.sample_aggregate_sensitivity(lower=0.0, upper=1.0, num_clusters=2, num_blocks=0)
+    km.sample_aggregate_sensitivity(lower=0.0, upper=1.0, n_clusters=2, num_blocks=0)

@@ -57,7 +57,7 @@ def _gauss_data(n=600, seed=0):
 
 def test_eps_inf_reproduces_sklearn_gaussian_nb():
   x, y = _gauss_data()
-  est = nb.PrivateNaiveBayes(epsilon=np.inf, num_classes=3, lower=-4, upper=4,
+  est = nb.PrivateNaiveBayes(epsilon=np.inf, classes=[0, 1, 2], lower=-4, upper=4,
                              var_floor=1e-9).fit(x, y)
   ref = GaussianNB(var_smoothing=1e-12).fit(x, y)
   np.testing.assert_array_equal(est.predict(x), ref.predict(x))
@@ -70,7 +70,7 @@ def test_eps_inf_reproduces_sklearn_categorical_nb():
   rng = np.random.default_rng(1)
   x = rng.integers(0, [3, 4, 2], size=(500, 3))
   y = (x[:, 0] + rng.integers(0, 2, 500)) % 2
-  est = nb.PrivateNaiveBayes(epsilon=np.inf, num_classes=2, categorical_features=[0, 1, 2],
+  est = nb.PrivateNaiveBayes(epsilon=np.inf, classes=[0, 1], categorical_features=[0, 1, 2],
                              num_categories=[3, 4, 2]).fit(x, y)
   ref = CategoricalNB(alpha=1.0).fit(x, y)
   np.testing.assert_allclose(est.predict_log_joint(x), ref.predict_joint_log_proba(x), atol=1e-4)
@@ -79,7 +79,8 @@ def test_eps_inf_reproduces_sklearn_categorical_nb():
 def test_private_fit_is_accurate_spends_and_is_reproducible():
   x, y = _gauss_data(4000)
   budget = PrivacyBudget(2.0)
-  est = nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=-4, upper=4, accountant=budget, seed=3)
+  est = nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2], lower=-4, upper=4, accountant=budget,
+                             seed=3)
   acc = est.fit(x, y).score(x, y)
   ref = GaussianNB().fit(x, y).score(x, y)
   assert acc > ref - 0.05
@@ -96,22 +97,22 @@ def test_private_fit_is_accurate_spends_and_is_reproducible():
 
 def test_bad_inputs_raise():
   x, y = _gauss_data(50)
-  with pytest.raises(ValueError, match="bounds are required"):
-    nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3).fit(x, y)
+  with pytest.raises(ValueError, match="lower and upper are required.*categorical_features"):
+    nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2]).fit(x, y)
   with pytest.raises(ValueError, match="outside the declared bounds"):
-    nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=-1, upper=1).fit(x, y)
-  nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=-1, upper=1, clip=True).fit(x, y)
+    nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2], lower=-1, upper=1).fit(x, y)
+  nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2], lower=-1, upper=1, clip=True).fit(x, y)
   with pytest.raises(ValueError, match="epsilon"):
-    nb.PrivateNaiveBayes(epsilon=0.0, num_classes=3, lower=-4, upper=4).fit(x, y)
+    nb.PrivateNaiveBayes(epsilon=0.0, classes=[0, 1, 2], lower=-4, upper=4).fit(x, y)
   with pytest.raises(ValueError, match="num_categories"):
-    nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, categorical_features=[0]).fit(
+    nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2], categorical_features=[0]).fit(
         np.abs(np.round(x)), y)
-  with pytest.raises(ValueError, match=r"y must lie in"):
-    nb.PrivateNaiveBayes(epsilon=1.0, num_classes=2, lower=-4, upper=4).fit(x, y)
+  with pytest.raises(ValueError, match=r"y contains labels outside classes"):
+    nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1], lower=-4, upper=4).fit(x, y)
   xn = x.copy()
   xn[0, 0] = np.nan
   with pytest.raises(ValueError, match="NaN"):
-    nb.PrivateNaiveBayes(epsilon=1.0, num_classes=3, lower=-4, upper=4, clip=True).fit(xn, y)
+    nb.PrivateNaiveBayes(epsilon=1.0, classes=[0, 1, 2], lower=-4, upper=4, clip=True).fit(xn, y)
 
 
 # ------------------------------------------------------------------ audit

@@ -58,7 +58,7 @@ def test_eps_inf_counts_are_exact(budget):
 def _ensemble_accuracy(n, n_test, n_estimators, depth):
   x, y = _data(n)
   xt, yt = _data(n_test, seed=1)
-  est = rt.PrivateRandomTrees(epsilon=1.0, num_classes=2, lower=0, upper=1,
+  est = rt.PrivateRandomTrees(epsilon=1.0, classes=[0, 1], lower=0, upper=1,
                               n_estimators=n_estimators, depth=depth, seed=0).fit(x, y)
   return est.score(xt, yt)
 
@@ -165,7 +165,7 @@ def _product_vs_average(n, n_test, num_features, n_estimators, depth):
   x, y = data(n)
   xt, yt = data(n_test)
   # seed=0: the random structure is fixed (an explicit seed in a test is reproducible).
-  kw = dict(epsilon=np.inf, num_classes=2, lower=0, upper=1, n_estimators=n_estimators,
+  kw = dict(epsilon=np.inf, classes=[0, 1], lower=0, upper=1, n_estimators=n_estimators,
             depth=depth, seed=0)
   avg = rt.PrivateRandomTrees(combine="average", **kw).fit(x, y).score(xt, yt)
   prod = rt.PrivateRandomTrees(combine="product", **kw).fit(x, y).score(xt, yt)

@@ -1,4 +1,5 @@
-"""Tests of experiments/survey_models.py: the k-means comparison's spend and relation."""
+"""Tests of experiments/survey_models.py: the k-means comparison's spend and relation, the
+naive Bayes and random trees points."""
 
 import math
 
@@ -76,3 +77,21 @@ def test_kmeans_point_runs_both_relations_and_scores():
   # Without noise the private Lloyd is close to scikit-learn's cost.
   ratio, _ = sm.fit_and_score("kmeans", "jaxdp", math.inf, 0, d, config)
   assert ratio < 1.5
+
+
+def test_naive_bayes_and_trees_points_run_on_indicator_and_continuous_columns():
+  """The jaxdp naive Bayes (categorical path for the binary columns) and trees points."""
+  sm = _load("experiments/survey_models.py")
+  config = _load("configs/survey_models.py").get_config()
+  config.num_trees, config.tree_depth = 2, 2
+  rng = np.random.default_rng(0)
+  n = 400
+  y, yt = rng.integers(0, 2, n), rng.integers(0, 2, n)
+  flag = lambda lab: (rng.random(n) < np.where(lab == 1, 0.9, 0.1)).astype(float)
+  x = np.stack([rng.random(n), flag(y)], 1)
+  xt = np.stack([rng.random(n), flag(yt)], 1)
+  d = dict(x=x, y=y, xt=xt, yt=yt, lower=np.zeros(2), upper=np.ones(2),
+           binary=np.array([False, True]))
+  for model in ("naive_bayes", "random_trees"):
+    acc, secs = sm.fit_and_score(model, "jaxdp", math.inf, 0, d, config)
+    assert acc > 0.8 and secs > 0, (model, acc)

@@ -52,51 +52,103 @@ def _sandwich(x, y, theta, lam, alpha=0.05, loss="logistic"):
   return theta - q * se, theta + q * se
 
 
+def _phi(priv, total):
+  """The privacy argument of the notion ``priv``: ``epsilon=`` (pure) or ``rho=`` (zCDP)."""
+  return {"epsilon" if priv == "pure" else "rho": total}
+
+
 def test_budget_split_table2_and_overrides():
   for (pert, priv), fr in ci.TABLE2_FRACTIONS.items():
-    s = ci.budget_split(2.0, perturbation=pert, privacy=priv)
+    s = ci.budget_split(**_phi(priv, 2.0), perturbation=pert)
     assert sum(s) == pytest.approx(2.0, rel=1e-12)
     assert s.theta == pytest.approx(2.0 * fr[0])
-  assert ci.budget_split(1.0, perturbation="objective", privacy="pure") == pytest.approx(
+  assert ci.budget_split(epsilon=1.0, perturbation="objective") == pytest.approx(
       (0.65, 0.175, 0.175))
-  assert ci.budget_split(1.0, perturbation="output", privacy="zcdp",
+  # The notion follows from the argument: rho picks Table 2's zCDP row.
+  assert ci.budget_split(rho=1.0, perturbation="objective") == pytest.approx((0.9, 0.05, 0.05))
+  assert ci.budget_split(rho=1.0, perturbation="output",
                          fractions=(0.5, 0.25, 0.25)) == pytest.approx((0.5, 0.25, 0.25))
   for bad in ((0.5, 0.5, 0.5), (1.0, 0.0, 0.0), (0.5, 0.5), (0.5, -0.1, 0.6)):
     with pytest.raises(ValueError, match="fractions"):
-      ci.budget_split(1.0, perturbation="output", privacy="zcdp", fractions=bad)
-  with pytest.raises(ValueError, match="budget"):
-    ci.budget_split(0.0, perturbation="output", privacy="zcdp")
+      ci.budget_split(rho=1.0, perturbation="output", fractions=bad)
+  with pytest.raises(ValueError, match="rho"):
+    ci.budget_split(rho=0.0, perturbation="output")
+  with pytest.raises(ValueError, match="epsilon"):
+    ci.budget_split(epsilon=-1.0, perturbation="output")
+  for kw in (dict(epsilon=1.0, rho=0.5), {}):
+    with pytest.raises(ValueError, match="epsilon.*rho"):
+      ci.budget_split(**kw, perturbation="output")
+  with pytest.raises(TypeError):  # keyword-only
+    ci.budget_split(1.0, perturbation="output")  # pylint: disable=too-many-function-args
 
 
-# Two of the four always on (pure: Theorems 2 and 4's sum; Theorem 2's zCDP branch);
-# the others under ``slow``.
-@pytest.mark.parametrize("pert,priv", [("objective", "pure"),
-                                       pytest.param("output", "pure", marks=pytest.mark.slow),
-                                       ("objective", "zcdp"),
-                                       pytest.param("output", "zcdp", marks=pytest.mark.slow)])
-def test_events_follow_theorems_2_and_4(pert, priv):
+# Objective perturbation always on (Theorems 2 and 4's pure sum; Theorem 2's zCDP branch);
+# output perturbation under ``slow``.
+@pytest.mark.parametrize("pert", ["objective", pytest.param("output", marks=pytest.mark.slow)])
+def test_events_follow_theorems_2_and_4(pert):
+  """``epsilon=e`` (pure DP) and ``rho=e^2/2`` (zCDP, Prop. 1's conversion of the same e), same
+  key: the notion follows from the argument and is recorded in ``Calibration.privacy``; each
+  spends its theorem's event; the releases differ (Table 2 row and noise laws)."""
   x, y = _logistic_pool()
+  e = 1.0
+  runs = {}
+  for priv, total in (("pure", e), ("zcdp", e ** 2 / 2)):
+    acc = PrivacyAccountant()
+    out, cal = ci.confidence_intervals(jax.random.key(0), x, y, **_phi(priv, total),
+                                       perturbation=pert, num_samples=2000, accountant=acc)
+    assert cal.privacy == priv
+    assert cal.split == pytest.approx(ci.budget_split(**_phi(priv, total), perturbation=pert))
+    assert acc.neighbouring == "replace_one"
+    assert np.all(out.lower < out.upper) and np.all(np.isfinite(out.lower))
+    s = cal.split
+    if priv == "pure":  # Theorems 2 and 4: phi_1 + phi_2 + phi_3
+      assert acc.pure_epsilon() == pytest.approx(total, rel=1e-9)
+    elif pert == "output":  # Theorem 4 (zCDP)
+      assert acc.zcdp_rho() == pytest.approx(total, rel=1e-9)
+    else:  # Theorem 2: phi_1^2/2 + phi_2 + phi_3 with eps_1 = sqrt(2 rho_1); AMP splits eps_1
+      assert acc.zcdp_rho() <= total * (1 + 1e-12)
+      assert acc.zcdp_rho() >= s.hessian + s.covariance + 0.97 * s.theta
+    runs[priv] = out
+  pure, zcdp = runs["pure"], runs["zcdp"]
+  assert not np.allclose(pure.lower, zcdp.lower) and not np.allclose(pure.upper, zcdp.upper)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(epsilon=1.0, rho=0.5), "epsilon.*rho"), ({}, "epsilon.*rho"),
+    (dict(epsilon=0.0), "epsilon"), (dict(epsilon=-1.0), "epsilon"),
+    (dict(rho=0.0), "rho"), (dict(rho=-0.5), "rho")])
+def test_privacy_argument_checked_before_any_work_or_spend(kw, match):
+  """Both, neither, or a non-positive ``epsilon``/``rho``: a ValueError naming them, before the
+  data are read (``x`` here is not even an array) and before the accountant is charged."""
   acc = PrivacyAccountant()
-  budget = 1.0 if priv == "pure" else 0.5
-  out, cal = ci.confidence_intervals(jax.random.key(0), x, y, budget=budget, perturbation=pert,
-                                     privacy=priv, num_samples=2000, accountant=acc)
-  assert acc.neighbouring == "replace_one"
-  assert np.all(out.lower < out.upper) and np.all(np.isfinite(out.lower))
-  s = cal.split
-  if priv == "pure":  # Theorems 2 and 4: phi_1 + phi_2 + phi_3
-    assert acc.pure_epsilon() == pytest.approx(budget, rel=1e-9)
-  elif pert == "output":  # Theorem 4 (zCDP)
-    assert acc.zcdp_rho() == pytest.approx(budget, rel=1e-9)
-  else:  # Theorem 2: phi_1^2/2 + phi_2 + phi_3 with eps_1 = sqrt(2 rho_1); AMP splits eps_1
-    assert acc.zcdp_rho() <= budget * (1 + 1e-12)
-    assert acc.zcdp_rho() >= s.hessian + s.covariance + 0.97 * s.theta
+  keys = jax.random.split(jax.random.key(0), 2)
+  for fn, key in ((ci.confidence_intervals, keys[0]), (ci.confidence_intervals_batched, keys)):
+    with pytest.raises(ValueError, match=match):
+      fn(key, "not data", None, accountant=acc, **kw)
+    assert acc.ledger == ()
+  with pytest.raises(ValueError, match=match):
+    ci.calibrate(num_examples=10, dim=2, **kw)
+
+
+def test_privacy_and_budget_keywords_are_refused_before_any_spend():
+  """The notion comes from ``epsilon=``/``rho=`` alone: ``privacy=`` and ``budget=`` are not
+  arguments (a TypeError naming them, before any work or spend), in the batched call too."""
+  x, y = _logistic_pool(n=50)
+  acc = PrivacyAccountant()
+  keys = jax.random.split(jax.random.key(0), 2)
+  for bad in (dict(epsilon=1.0, privacy="zcdp"), dict(budget=1.0)):
+    with pytest.raises(TypeError, match="privacy|budget"):
+      ci.confidence_intervals(keys[0], x, y, accountant=acc, **bad)
+    with pytest.raises(TypeError, match="privacy|budget"):
+      ci.confidence_intervals_batched(keys, x, y, accountant=acc, **bad)
+  assert acc.ledger == ()
 
 
 def test_noise_off_output_zcdp_is_exactly_the_sandwich_interval():
   x, y = _logistic_pool()
   lam = 0.002
-  out, _ = ci.confidence_intervals(jax.random.key(1), x, y, budget=math.inf,
-                                   perturbation="output", privacy="zcdp", l2_reg=lam)
+  out, _ = ci.confidence_intervals(jax.random.key(1), x, y, rho=math.inf,
+                                   perturbation="output", l2_reg=lam)
   theta = _exact_fit(x, y, lam)
   np.testing.assert_allclose(out.theta, theta, atol=1e-6)
   lo, hi = _sandwich(x, y, theta, lam)
@@ -116,8 +168,8 @@ def test_noise_off_exact_quantiles_are_the_sandwich_interval(pert):
   lam = 0.002
   lo, hi = _sandwich(x, y, _exact_fit(x, y, lam), lam)
   se = (hi - lo) / (2 * stats.norm.ppf(0.975))
-  out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
-                                   perturbation=pert, privacy="pure", l2_reg=lam)
+  out, _ = ci.confidence_intervals(jax.random.key(2), x, y, epsilon=math.inf,
+                                   perturbation=pert, l2_reg=lam)
   # Minimisers agree to ~1e-9 (certified); the quantile is exact to float32's 1e-7.
   np.testing.assert_allclose(out.lower, lo, rtol=0, atol=1e-5 * se.min())
   np.testing.assert_allclose(out.upper, hi, rtol=0, atol=1e-5 * se.min())
@@ -135,7 +187,7 @@ def test_exact_and_monte_carlo_quantiles_agree_under_privacy(pert, priv):
   Monte Carlo half-width with a wrong noise (e.g. the objective noise omitted) is far off.
   """
   x, y = _logistic_pool()
-  kw = dict(budget=1.0, perturbation=pert, privacy=priv, l2_reg=0.01)
+  kw = dict(**_phi(priv, 1.0), perturbation=pert, l2_reg=0.01)
   ex, _ = ci.confidence_intervals(jax.random.key(6), x, y, **kw)
   mc, _ = ci.confidence_intervals(jax.random.key(6), x, y, quantiles="monte_carlo",
                                   num_samples=100_000, **kw)
@@ -148,8 +200,8 @@ def test_noise_off_monte_carlo_matches_the_sandwich_interval():
   """Algorithm 3 without noise: MC quantiles of N(0, H^-1 Sigma H^-1 / n)."""
   x, y = _logistic_pool()
   lam = 0.002
-  out, _ = ci.confidence_intervals(jax.random.key(2), x, y, budget=math.inf,
-                                   perturbation="objective", privacy="pure", l2_reg=lam,
+  out, _ = ci.confidence_intervals(jax.random.key(2), x, y, epsilon=math.inf,
+                                   perturbation="objective", l2_reg=lam,
                                    quantiles="monte_carlo", num_samples=2000)
   lo, hi = _sandwich(x, y, _exact_fit(x, y, lam), lam)
   # The 2.5% quantile of m normal draws has sd sqrt(q(1-q)/m)/phi(z_q) = 0.060 sigma at
@@ -172,8 +224,8 @@ def test_noise_off_coverage_is_nominal_on_simulated_logistic_data():
   reps = 300
   counts = np.random.default_rng(4).multinomial(len(y), np.full(len(y), 1 / len(y)), size=reps)
   keys = jax.random.split(jax.random.key(5), reps)
-  out, _ = ci.confidence_intervals_batched(keys, x, y, budget=math.inf, counts=counts,
-                                           perturbation="output", privacy="zcdp", l2_reg=lam,
+  out, _ = ci.confidence_intervals_batched(keys, x, y, rho=math.inf, counts=counts,
+                                           perturbation="output", l2_reg=lam,
                                            chunk_size=100)
   cover = np.mean((out.lower <= theta0) & (theta0 <= out.upper))
   assert abs(cover - 0.95) <= 4 * math.sqrt(0.95 * 0.05 / reps)
@@ -185,17 +237,17 @@ def test_noise_off_coverage_is_nominal_on_simulated_logistic_data():
 def test_private_intervals_are_longer_and_deterministic(mode):
   """The first batch mode always on, the others under ``slow`` (each compiles the batch)."""
   x, y = _logistic_pool()
-  kw = dict(perturbation="output", privacy="pure", num_samples=2000)
-  a, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=2.0, **kw)
-  b, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=2.0, **kw)
-  c, _ = ci.confidence_intervals(jax.random.key(3), x, y, budget=math.inf, **kw)
+  kw = dict(perturbation="output", num_samples=2000)
+  a, _ = ci.confidence_intervals(jax.random.key(3), x, y, epsilon=2.0, **kw)
+  b, _ = ci.confidence_intervals(jax.random.key(3), x, y, epsilon=2.0, **kw)
+  c, _ = ci.confidence_intervals(jax.random.key(3), x, y, epsilon=math.inf, **kw)
   np.testing.assert_array_equal(a.lower, b.lower)
   assert np.all(a.upper - a.lower > c.upper - c.lower)
   # Batched == single for the same key (one replicate, no counts).
   keys = jax.random.split(jax.random.key(9), 2)
-  one, _ = ci.confidence_intervals(keys[1], x, y, budget=2.0, **kw)
+  one, _ = ci.confidence_intervals(keys[1], x, y, epsilon=2.0, **kw)
   # lax.map and jax.vmap over the replicates agree with the single call.
-  bat, _ = ci.confidence_intervals_batched(keys, x, y, budget=2.0, batch_mode=mode, **kw)
+  bat, _ = ci.confidence_intervals_batched(keys, x, y, epsilon=2.0, batch_mode=mode, **kw)
   np.testing.assert_allclose(bat.lower[1], one.lower, rtol=1e-5, atol=1e-7)
   np.testing.assert_allclose(bat.upper[1], one.upper, rtol=1e-5, atol=1e-7)
 
@@ -208,7 +260,7 @@ def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):
   outs = []
   for workers in ("1", "2"):
     monkeypatch.setenv("JAXDP_CPU_WORKERS", workers)
-    outs.append(ci.confidence_intervals_batched(keys, x, y, budget=1.0, counts=counts,
+    outs.append(ci.confidence_intervals_batched(keys, x, y, epsilon=1.0, counts=counts,
                                                 chunk_size=3, l2_reg=0.01)[0])
   for a, b in zip(*outs):
     np.testing.assert_array_equal(a, b)
@@ -225,7 +277,7 @@ def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):
   # a relative <= delta/Lambda (Lambda = 0.01 <= 0.1). A wrong key or replicate moves both
   # by the scale of the privacy noise or of the bootstrap (> 1e-2 here), far outside.
   for i in (0, 4, 9):
-    one, cal = ci.confidence_intervals(keys[i], x, y, budget=1.0, counts=counts[i],
+    one, cal = ci.confidence_intervals(keys[i], x, y, epsilon=1.0, counts=counts[i],
                                        l2_reg=0.01)
     delta = 2 * cal.tol / cal.l2_reg
     np.testing.assert_allclose(outs[1].theta[i], one.theta, rtol=0, atol=delta + 1e-12)
@@ -238,7 +290,7 @@ def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):
 @pytest.mark.parametrize("floor,expected", [("paper", 0.002), ("psd", 0.0)])
 def test_floors(floor, expected):
   x, y = _logistic_pool()
-  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, budget=1.0, floor=floor,
+  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, epsilon=1.0, floor=floor,
                                      num_samples=2000)
   assert cal.covariance_floor == expected and cal.hessian_floor == 0.002
   assert np.linalg.eigvalsh(out.covariance).min() >= expected - 1e-9
@@ -249,8 +301,8 @@ def test_floors(floor, expected):
 def test_released_minimiser_is_certified(loss):
   x, y = _logistic_pool()
   lam = 0.002
-  out, cal = ci.confidence_intervals(jax.random.key(6), x, y, budget=math.inf, loss=loss,
-                                     perturbation="output", privacy="zcdp", l2_reg=lam)
+  out, cal = ci.confidence_intervals(jax.random.key(6), x, y, rho=math.inf, loss=loss,
+                                     perturbation="output", l2_reg=lam)
   _, g = certified_solve.objective_and_grad(out.theta, x, sens.as_signed_labels(y), loss=loss,
                                             h=0.5, l2_total=lam)
   assert np.linalg.norm(g) <= cal.tol
@@ -259,7 +311,7 @@ def test_released_minimiser_is_certified(loss):
 def test_host_repair_certifies_a_bad_iterate():
   x, y = _logistic_pool()
   ys = sens.as_signed_labels(y)
-  cal = ci.calibrate(num_examples=len(y), dim=3, budget=math.inf, perturbation="output")
+  cal = ci.calibrate(num_examples=len(y), dim=3, epsilon=math.inf, perturbation="output")
   bad = np.array([0.3, 0.3, 0.3])
   fixed = ci._repair(bad, np.zeros(3), np.array(1.0), cal, x, ys, np.ones(len(y)))
   _, g = certified_solve.objective_and_grad(fixed, x, ys, loss="logistic", h=0.5,
@@ -272,30 +324,30 @@ def test_input_validation():
   k = jax.random.key(0)
   x, y = x[:200], y[:200]
   with pytest.raises(ValueError, match="x"):
-    ci.confidence_intervals(k, 2 * x + 1, y, budget=1.0)
+    ci.confidence_intervals(k, 2 * x + 1, y, epsilon=1.0)
   with pytest.raises(ValueError, match="y"):
-    ci.confidence_intervals(k, x, 2 * y, budget=1.0)
+    ci.confidence_intervals(k, x, 2 * y, epsilon=1.0)
   x_nan = x.copy()
   x_nan[0, 0] = np.nan
   with pytest.raises(ValueError, match="x"):
-    ci.confidence_intervals(k, x_nan, y, budget=1.0)
-  with pytest.raises(ValueError, match="budget"):
-    ci.confidence_intervals(k, x, y, budget=0.0)
+    ci.confidence_intervals(k, x_nan, y, epsilon=1.0)
+  with pytest.raises(ValueError, match="epsilon"):
+    ci.confidence_intervals(k, x, y, epsilon=0.0)
   with pytest.raises(ValueError, match="l2_reg"):
-    ci.confidence_intervals(k, x, y, budget=1.0, l2_reg=0.0)
+    ci.confidence_intervals(k, x, y, epsilon=1.0, l2_reg=0.0)
   with pytest.raises(ValueError, match="l2_reg"):  # Algorithm 1 needs c > t/(2n(e^eps - 1))
-    ci.confidence_intervals(k, x, y, budget=0.01, l2_reg=1e-5)
+    ci.confidence_intervals(k, x, y, epsilon=0.01, l2_reg=1e-5)
   with pytest.raises(ValueError, match="alpha"):
-    ci.confidence_intervals(k, x, y, budget=1.0, alpha=1.5)
+    ci.confidence_intervals(k, x, y, epsilon=1.0, alpha=1.5)
   with pytest.raises(ValueError, match="floor"):
-    ci.confidence_intervals(k, x, y, budget=1.0, floor="none")
+    ci.confidence_intervals(k, x, y, epsilon=1.0, floor="none")
   with pytest.raises(ValueError, match="h"):
-    ci.confidence_intervals(k, x, y, budget=1.0, loss="huber", h=0.0)
+    ci.confidence_intervals(k, x, y, epsilon=1.0, loss="huber", h=0.0)
   with pytest.raises(ValueError, match="counts"):
-    ci.confidence_intervals(k, x, y, budget=1.0, counts=-np.ones(200))
+    ci.confidence_intervals(k, x, y, epsilon=1.0, counts=-np.ones(200))
   with pytest.raises(TypeError):
-    ci.confidence_intervals(0, x, y, budget=1.0)
-  assert isinstance(ci.calibrate(num_examples=10, dim=2, budget=math.inf).event,
+    ci.confidence_intervals(0, x, y, epsilon=1.0)
+  assert isinstance(ci.calibrate(num_examples=10, dim=2, epsilon=math.inf).event,
                     events.NonPrivateDpEvent)
 
 
@@ -317,14 +369,14 @@ def test_empty_or_misshapen_data_are_named_errors():
   for x, y in [(np.zeros((0, 3)), np.zeros(0)), (np.zeros(0), np.zeros(0)),
                (np.zeros((3, 0)), np.zeros(3))]:
     with pytest.raises(ValueError, match="x must"):
-      ci.confidence_intervals(k, x, y, budget=1.0)
+      ci.confidence_intervals(k, x, y, epsilon=1.0)
   with pytest.raises(ValueError, match="y must"):
-    ci.confidence_intervals(k, np.zeros((3, 2)), np.zeros(4), budget=1.0)
+    ci.confidence_intervals(k, np.zeros((3, 2)), np.zeros(4), epsilon=1.0)
   with pytest.raises(ValueError, match="keys"):
     ci.confidence_intervals_batched(jax.random.split(k, 0), np.zeros((3, 2)), np.ones(3),
-                                    budget=1.0)
+                                    epsilon=1.0)
   with pytest.raises(ValueError, match="counts"):
-    ci.confidence_intervals(k, np.zeros((3, 2)), np.ones(3), budget=1.0,
+    ci.confidence_intervals(k, np.zeros((3, 2)), np.ones(3), epsilon=1.0,
                             counts=np.array([1.0, np.inf, 0.0]))
 
 
@@ -332,7 +384,7 @@ def test_bad_labels_are_named_by_row_not_value():
   x = np.full((4, 2), 0.5)
   with pytest.raises(ValueError, match=r"y\[2\]") as err:
     ci.confidence_intervals(jax.random.key(0), x, np.array([0, 1, 7.3141592653, 1]),
-                            budget=1.0)
+                            epsilon=1.0)
   assert "7.31" not in str(err.value)
 
 
@@ -364,9 +416,9 @@ def test_batched_call_without_counts_charges_one_event_per_key():
   keys = jax.random.split(jax.random.key(0), 8)
   budget = PrivacyBudget(epsilon=1.5)
   with pytest.raises(BudgetExceededError):  # 8 releases at eps = 1, refused before any work
-    ci.confidence_intervals_batched(keys, x, y, budget=1.0, l2_reg=0.05, accountant=budget)
+    ci.confidence_intervals_batched(keys, x, y, epsilon=1.0, l2_reg=0.05, accountant=budget)
   assert budget.spent_epsilon == 0.0
-  acc, count = _charged(ci.confidence_intervals_batched, keys, x, y, budget=1.0, l2_reg=0.05)
+  acc, count = _charged(ci.confidence_intervals_batched, keys, x, y, epsilon=1.0, l2_reg=0.05)
   assert count == 8 and acc.pure_epsilon() == pytest.approx(8.0, rel=1e-12)
 
 
@@ -380,16 +432,16 @@ def test_counts_are_charged_by_group_privacy(pert, priv):
   counts[0, :3], counts[0, 3:6] = 2, 0
   counts[1, 7], counts[1, 8:10] = 3, 0          # the largest multiplicity: k = 3
   k = 3
-  budget = 1.0 if priv == "pure" else 0.5
-  kw = dict(budget=budget, perturbation=pert, privacy=priv, l2_reg=0.05)
+  total = 1.0 if priv == "pure" else 0.5
+  kw = dict(**_phi(priv, total), perturbation=pert, l2_reg=0.05)
   one, _ = _charged(ci.confidence_intervals, jax.random.key(0), x, y, counts=counts[1], **kw)
   many, count = _charged(ci.confidence_intervals_batched, jax.random.split(jax.random.key(1), 3),
                          x, y, counts=counts, **kw)
   plain, _ = _charged(ci.confidence_intervals, jax.random.key(0), x, y, **kw)
   assert count == 3
   if priv == "pure":
-    assert one.pure_epsilon() == pytest.approx(k * budget, rel=1e-9)
-    assert many.pure_epsilon() == pytest.approx(3 * k * budget, rel=1e-9)
+    assert one.pure_epsilon() == pytest.approx(k * total, rel=1e-9)
+    assert many.pure_epsilon() == pytest.approx(3 * k * total, rel=1e-9)
   else:  # every leaf k^2-fold: the rho of the unweighted call, k^2 times
     assert one.zcdp_rho() == pytest.approx(k * k * plain.zcdp_rho(), rel=1e-9)
     assert many.zcdp_rho() == pytest.approx(3 * k * k * plain.zcdp_rho(), rel=1e-9)

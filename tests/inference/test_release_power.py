@@ -13,7 +13,7 @@ Checked (paper 003 = ../shared/papers/003_dp_confidence_intervals_for_erm.md):
   observed as ``M~ - M(theta~)`` over many keys (the floors of Alg. 2 do not bind in this
   configuration, asserted), standardised by the paper's scale: the mean square of the
   standardised entries must be 1 within 4 standard errors (a 20% error in a scale is a 36%
-  (or, for a budget scaled by 1/0.8, a 20%) error in the variance: caught);
+  (or, for a ``phi`` scaled by 1/0.8, a 20%) error in the variance: caught);
 * independence of the two noises (Algorithm 2 run twice with fresh randomness): the
   correlation of the standardised ``H~`` and ``Sigma~`` noises must be 0 within 4 standard
   errors (a reused key makes it 1);
@@ -33,13 +33,13 @@ from jaxdp.inference import sensitivities as sens
 
 N, D = 40, 3
 L2_REG = 0.02
-# zCDP budgets (rho) of theta~, H~, Sigma~: theta~ noisy (so that ||theta~|| is far from the
+# zCDP parameters (rho_1, rho_2, rho_3) of theta~, H~, Sigma~: theta~ noisy (so that ||theta~|| is far from the
 # non-private minimiser's norm and Lemma 2 at the wrong point is visible), the matrices
 # nearly exact (so that no eigenvalue floor of Algorithm 2 binds and M~ - M(theta~) is the
 # symmetrised noise itself).
 RHOS = (1.4, 20.0, 20.0)
-BUDGET = sum(RHOS)
-FRACTIONS = tuple(r / BUDGET for r in RHOS)
+RHO = sum(RHOS)  # the total rho= of each interval
+FRACTIONS = tuple(r / RHO for r in RHOS)
 NUM_KEYS = 400  # 6 standardised entries per matrix and key: 2,400; s.e. of the mean square 0.029
 
 
@@ -85,8 +85,8 @@ def run_release(num_keys=NUM_KEYS, accountant=None, seed=0):
   x, y = _data()
   keys = jax.random.split(jax.random.key(seed), num_keys)
   out, cal = ci.confidence_intervals_batched(
-      keys, x, y, budget=BUDGET, fractions=FRACTIONS, perturbation="output", privacy="zcdp",
-      l2_reg=L2_REG, accountant=accountant)
+      keys, x, y, rho=RHO, fractions=FRACTIONS, perturbation="output", l2_reg=L2_REG,
+      accountant=accountant)
   return out, cal
 
 
@@ -134,7 +134,7 @@ def check_charge(accountant, num_keys):
   """The ledger holds ``M`` releases of (phi_1, phi_2, phi_3)-zCDP (Theorem 4), replace-one."""
   total = sum(count for _, count in accountant.ledger)
   assert total == num_keys, f"{num_keys} intervals released, {total} charged"
-  assert accountant.zcdp_rho() == pytest.approx(num_keys * BUDGET, rel=1e-9)
+  assert accountant.zcdp_rho() == pytest.approx(num_keys * RHO, rel=1e-9)
   for event, _ in accountant.ledger:
     assert all(isinstance(e, events.ZCDpEvent) and e.neighbouring == "replace_one"
                for e in event.events), f"not Theorem 4's zCDP leaves: {event}"
@@ -183,9 +183,8 @@ def test_power_covariance_sensitivity_scaled_by_0_8(monkeypatch, retrace):
 @pytest.mark.slow  # a retrace of the pipeline (~20 s of compile on a busy CPU)
 def test_power_lemma_2_at_the_nonprivate_minimiser(monkeypatch, retrace):
   x, y = _data()
-  theta_hat = ci.confidence_intervals(jax.random.key(1), x, y, budget=math.inf,
-                                      perturbation="output", privacy="zcdp",
-                                      l2_reg=L2_REG)[0].theta
+  theta_hat = ci.confidence_intervals(jax.random.key(1), x, y, rho=math.inf,
+                                      perturbation="output", l2_reg=L2_REG)[0].theta
   norm_hat = float(np.linalg.norm(theta_hat))
   orig = sens.covariance_sensitivity
   monkeypatch.setattr(sens, "covariance_sensitivity",
@@ -210,8 +209,8 @@ def test_power_one_key_for_both_matrices(monkeypatch, retrace):
     check_release_noises(out)
 
 
-def test_power_covariance_budget_over_0_8(monkeypatch):
-  # No retrace needed: the budgets are runtime inputs of the compiled stages.
+def test_power_covariance_phi_over_0_8(monkeypatch):
+  # No retrace needed: phi_2 and phi_3 are runtime inputs of the compiled stages.
   orig = ci._params
   phi3 = ci._PARAM_NAMES.index("phi3")
 

@@ -34,10 +34,10 @@ def test_output_symmetric_with_eigenvalues_at_or_above_floor(privacy, floor):
   assert np.any(np.abs(eig - floor) < 1e-5)
 
 
-def test_infinite_budget_is_symmetrise_and_floor_only():
+def test_infinite_phi_is_symmetrise_and_floor_only():
   rng = np.random.default_rng(2)
   m = _spd(rng, 4)
-  out = spd.priv_spd_matrix(jax.random.key(0), jnp.asarray(m, jnp.float32), 0.1, math.inf,
+  out = spd.priv_spd_matrix(jax.random.key(0), jnp.asarray(m, jnp.float32), 0.1, phi=math.inf,
                             floor=0.0)
   np.testing.assert_allclose(out, m, rtol=1e-5, atol=1e-6)
 
@@ -64,14 +64,17 @@ def test_zcdp_noise_calibration():
 
 def test_events_and_validation():
   assert spd.priv_spd_matrix_event(0.3) == events.PureDpEvent(0.3, neighbouring="replace_one")
-  assert spd.priv_spd_matrix_event(0.3, privacy="zcdp") == events.ZCDpEvent(
+  assert spd.priv_spd_matrix_event(phi=0.3, privacy="zcdp") == events.ZCDpEvent(
       0.3, neighbouring="replace_one")
+  assert isinstance(spd.priv_spd_matrix_event(math.inf), events.NonPrivateDpEvent)
   m = jnp.eye(2)
   k = jax.random.key(0)
   with pytest.raises(ValueError, match="sensitivity"):
     spd.priv_spd_matrix(k, m, 0.0, 1.0)
-  with pytest.raises(ValueError, match="budget"):
+  with pytest.raises(ValueError, match="phi"):
     spd.priv_spd_matrix(k, m, 1.0, -1.0)
+  with pytest.raises(ValueError, match="phi"):
+    spd.priv_spd_matrix_event(0.0, privacy="zcdp")
   with pytest.raises(ValueError, match="square"):
     spd.priv_spd_matrix(k, jnp.ones((2, 3)), 1.0, 1.0)
   with pytest.raises(ValueError, match="privacy"):

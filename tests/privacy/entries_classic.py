@@ -72,7 +72,7 @@ _HOST = ("host-side fit (validation on the host; not vmappable): 2 x trials call
 _POST = ("the release is a post-processing (minimiser, centroids or model) of noisy statistics, "
          "not an additive-noise statistic: the replay/noise checks apply to the statistic's own "
          "entry")
-_ESTIMATOR_PUBLIC = ("classes_", "event_", "seed", "_fits", "epsilon", "num_classes", "lower",
+_ESTIMATOR_PUBLIC = ("classes_", "event_", "seed", "_fits", "epsilon", "classes", "lower",
                      "upper", "accountant", "n_clusters", "n_components", "noise")
 _NO_ACCOUNTANT = ("a pure function with no accountant parameter: it returns the event of one "
                   "release; PrivateLinearRegression.fit and private_linear_regression check the spend")
@@ -288,7 +288,7 @@ reg.register(reg.ReleasePoint(
 
 
 def _nb_estimator(seed):
-  return _classic().PrivateNaiveBayes(epsilon=EPS, num_classes=NB_CLASSES,
+  return _classic().PrivateNaiveBayes(epsilon=EPS, classes=list(range(NB_CLASSES)),
                                       categorical_features=[0], num_categories=[NB_CATS],
                                       lower=0.0, upper=1.0, seed=seed)
 
@@ -381,7 +381,7 @@ reg.register(reg.ReleasePoint(
 
 reg.register(reg.ReleasePoint(pairs=_rt_pairs, **_estimator_entry(
     "jaxdp.classic.PrivateRandomTrees.fit",
-    lambda seed: _classic().PrivateRandomTrees(epsilon=EPS, num_classes=2, lower=0.0, upper=1.0,
+    lambda seed: _classic().PrivateRandomTrees(epsilon=EPS, classes=[0, 1], lower=0.0, upper=1.0,
                                                n_estimators=RT_TREES, depth=RT_DEPTH, seed=seed),
     lambda d: (d["x"], d["y"]), lambda est: _flat(est.trees_.counts), lambda: _pure(EPS),
     "eps-DP per fit: private_random_trees (disjoint trees, discrete Laplace)",
@@ -420,7 +420,7 @@ def _km_pairs():
 
 
 def _lloyd(key, d, accountant=None, noise="discrete"):
-  return _classic().dp_lloyd(key, d["x"], num_clusters=KM_K, epsilon=EPS, lower=0.0, upper=1.0,
+  return _classic().dp_lloyd(key, d["x"], n_clusters=KM_K, epsilon=EPS, lower=0.0, upper=1.0,
                              iterations=KM_T, count_fraction=0.5, accountant=accountant,
                              noise=noise)
 
@@ -466,7 +466,7 @@ reg.register(reg.ReleasePoint(
 
 
 def _sample_aggregate(key, d, accountant=None, noise="discrete"):
-  return _classic().sample_aggregate_kmeans(key, d["x"], num_clusters=KM_K, epsilon=KM_SA_EPS,
+  return _classic().sample_aggregate_kmeans(key, d["x"], n_clusters=KM_K, epsilon=KM_SA_EPS,
                                             lower=0.0, upper=1.0, num_blocks=KM_BLOCKS,
                                             iterations=3, accountant=accountant, noise=noise)
 

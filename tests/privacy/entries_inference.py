@@ -51,11 +51,11 @@ FAMILY = "inference"
 N, D = 30, 3
 L2_REG = 0.1       # Lambda = 2c
 TOL = 1e-8         # certified gradient tolerance passed to the intervals
-EPSILON = 1.0      # total pure budget of one confidence_intervals call
-FRACTIONS = (0.8, 0.1, 0.1)  # (phi_1, phi_2, phi_3) / budget, passed explicitly
-RHO = 0.25         # total zCDP budget of one interval of the batched call
+EPSILON = 1.0      # total epsilon= (pure DP) of one confidence_intervals call
+FRACTIONS = (0.8, 0.1, 0.1)  # (phi_1, phi_2, phi_3) / phi, passed explicitly
+RHO = 0.25         # total rho= (zCDP) of one interval of the batched call
 NUM_KEYS = 2       # M intervals per batched call
-RHO_SPD = 0.5      # zCDP budget of the priv_spd_matrix entry
+RHO_SPD = 0.5      # phi (rho, zCDP) of the priv_spd_matrix entry
 DELTA = 1e-6       # delta at which the zCDP claims are stated
 THETA0 = np.array([1.5, 0.0, 0.0])  # public evaluation point of the priv_spd_matrix entry
 _SEED = 2603
@@ -191,7 +191,7 @@ _CI_KW = dict(perturbation="output", l2_reg=L2_REG, tol=TOL, fractions=FRACTIONS
 
 def _intervals(key, data, accountant=None):
   from jaxdp.inference import confidence_intervals  # pylint: disable=import-outside-toplevel
-  return confidence_intervals(key, data["x"], data["y"], budget=EPSILON, privacy="pure",
+  return confidence_intervals(key, data["x"], data["y"], epsilon=EPSILON,
                               accountant=accountant, **_CI_KW)
 
 
@@ -206,9 +206,9 @@ def _theta(out) -> np.ndarray:
   return np.asarray(out[0].theta, np.float64).ravel()
 
 
-def _composed(leaf, budgets):
+def _composed(leaf, phis):
   return events.ComposedDpEvent([leaf(b, neighbouring="replace_one", unit="example")
-                                 for b in budgets])
+                                 for b in phis])
 
 
 # Public fields of the returned Calibration: functions of (n, d) and the arguments only.
@@ -243,7 +243,7 @@ reg.register(reg.ReleasePoint(
 def _batched(key, data, accountant=None):
   from jaxdp.inference import confidence_intervals_batched  # pylint: disable=import-outside-toplevel
   keys = None if key is None else jax.random.split(key, NUM_KEYS)  # None: the API must refuse
-  return confidence_intervals_batched(keys, data["x"], data["y"], budget=RHO, privacy="zcdp",
+  return confidence_intervals_batched(keys, data["x"], data["y"], rho=RHO,
                                       accountant=accountant, **_CI_KW)
 
 
@@ -276,16 +276,17 @@ reg.register(reg.ReleasePoint(
 
 reg.not_a_release_point(
     "jaxdp.inference.budget_split",
-    "splits a public budget into (phi_1, phi_2, phi_3) by public fractions; reads no data")
+    "splits a public epsilon or rho into (phi_1, phi_2, phi_3) by public fractions; reads no "
+    "data")
 reg.not_a_release_point(
     "jaxdp.inference.calibrate",
-    "calibrates the noises from public parameters (n, d, budget, Lambda, ...); reads no data")
+    "calibrates the noises from public parameters (n, d, epsilon or rho, Lambda, ...); reads no data")
 reg.not_a_release_point(
     "jaxdp.inference.priv_spd_matrix_event",
-    "returns the DpEvent of one priv_spd_matrix call from its public budget; reads no data")
+    "returns the DpEvent of one priv_spd_matrix call from its public phi; reads no data")
 reg.not_a_release_point(
     "jaxdp.inference.spd_noise",
-    "draws the noise matrix of Algorithm 2 from public (sensitivity, budget) and a key; adds it "
+    "draws the noise matrix of Algorithm 2 from public (sensitivity, phi) and a key; adds it "
     "to nothing (priv_spd_matrix, registered, adds it to the private matrix)")
 
 # The intervals certify the minimiser on the host (numpy repair of the Newton iterate): not
