@@ -61,7 +61,7 @@ released block (:func:`jaxdp.mechanisms.discrete_laplace_mechanism_event`):
 Every released number then lies on ``g Z`` (counts on ``Z``): a support that does
 not depend on the data (``docs/sharp_edges.md``). ``"continuous"``: the float
 Laplace noise ``Lap(Delta_b/eps_b)`` (Dwork & Roth Thm. 3.6) and one
-``LaplaceDpEvent(1/eps_b)`` per block, as in earlier releases.
+``LaplaceDpEvent(1/eps_b)`` per block.
 
 Post-processing to probabilities: counts floored at 0 plus Laplace smoothing
 ``alpha`` (as scikit-learn's ``CategoricalNB``), class sizes floored at 1,
@@ -91,6 +91,7 @@ from typing import Any, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.special
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from jaxdp import _estimator_checks as checks
@@ -555,6 +556,19 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
         x_cat.astype(np.int32), 0, np.broadcast_to(np.asarray(self._num_categories), (x_cat.shape[1],)) - 1)
     xn = np.zeros((n, 0), np.float32) if x_num is None else x_num.astype(np.float32)
     return np.asarray(joint_log_likelihood(self.model_, jnp.asarray(xc), jnp.asarray(xn)))
+
+  def predict_log_proba(self, x: Any) -> np.ndarray:
+    """``log Pr(c | x)`` under the released model: the log joint minus its logsumexp over classes.
+
+    Post-processing of the released model (no further privacy cost); columns in
+    ``classes_`` order, as scikit-learn's ``GaussianNB.predict_log_proba``.
+    """
+    joint = np.asarray(self.predict_log_joint(x), np.float64)
+    return joint - scipy.special.logsumexp(joint, axis=1, keepdims=True)
+
+  def predict_proba(self, x: Any) -> np.ndarray:
+    """``Pr(c | x)`` under the released model, ``(n, len(classes_))``; rows sum to 1."""
+    return np.exp(self.predict_log_proba(x))
 
   def predict(self, x: Any) -> np.ndarray:
     """The most probable label of ``classes_`` for every row."""

@@ -68,6 +68,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.special
 from sklearn.base import BaseEstimator, ClassifierMixin
 
 from jaxdp import _estimator_checks as checks
@@ -345,6 +346,23 @@ class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEsti
     s = predict_scores(self.trees_, jnp.asarray(x, jnp.float32), self._depth,
                        combine=self._combine)
     return self.classes_[np.asarray(jnp.argmax(s, axis=1))]
+
+  def predict_proba(self, x: Any) -> np.ndarray:
+    """Class probabilities ``(n, len(classes_))`` from the released leaf counts; rows sum to 1.
+
+    ``combine="average"``: the mean over trees of the leaf distributions (as
+    scikit-learn's ``RandomForestClassifier.predict_proba``); ``"product"``: the
+    softmax of the combined log scores (the normalised product of the trees' leaf
+    distributions over the prior). Post-processing of the released trees; the
+    argmax is :meth:`predict`.
+    """
+    checks.check_is_fitted(self, "trees_")
+    x = _common.check_query_x(x, self.n_features_in_, self)
+    s = np.asarray(predict_scores(self.trees_, jnp.asarray(x, jnp.float32), self._depth,
+                                  combine=self._combine), np.float64)
+    if self._combine == "average":
+      return s / s.sum(axis=1, keepdims=True)
+    return np.exp(s - scipy.special.logsumexp(s, axis=1, keepdims=True))
 
   def score(self, x: Any, y: Any) -> float:
     """Accuracy: the share of rows whose predicted label equals ``y``'s."""

@@ -36,7 +36,7 @@ The multi-word uniform is turned into ``-log U`` without subnormals
 ``u_j in (2^-32, 1]`` is read from chunks ``j`` and ``j + 1`` in float32
 (the neglected lower chunks change ``u_j`` by a relative ``<= 2^-32``).
 
-Formal statement (the route taken for issue 26: the tail is NOT added to the
+Formal statement (the tail is NOT added to the
 DpEvents; the cut is pushed beyond any relevant ``delta`` and the residual is
 stated here and in ``docs/sharp_edges.md``, "Floating-point outputs and the
 discrete path"). Model the sampler in real arithmetic: the noise equals the
