@@ -45,7 +45,6 @@ from jaxdp.inference import confidence_intervals, confidence_intervals_batched
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "confidence_intervals.py"
 RESULT_FIELDS = ("dataset", "epsilon", "rho", "l2_reg", "h", "alpha", "replicates", "quantiles",
                  "num_samples", "seed", "pool_size")
-_CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE))
 
 
 def _presets():
@@ -107,7 +106,22 @@ def run_cell(config, x, y, theta0, *, loss, variant, floor, n, fractions, key):
               seconds_per_interval=secs / r)
 
 
-def plot(rows, split_rows, out):
+def _legend_below(fig, axes, ncol, fontsize):
+  """One legend for all ``axes``, below them (never over a curve); returns its top (fraction)."""
+  handles = {}
+  for ax in axes:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, handle)
+  legend = fig.legend(list(handles.values()), list(handles), loc="lower center",
+                      bbox_to_anchor=(0.5, 0.0), ncol=max(1, min(ncol, len(handles))),
+                      fontsize=fontsize, frameon=False)
+  return legend.get_window_extent(fig.canvas.get_renderer()).y1 / fig.bbox.height
+
+
+def plot(rows, split_rows, out, metadata=None):
+  """``coverage_length.png`` and ``ci_vs_vi.png`` from ``rows``, ``budget_split.png`` from
+  ``split_rows``, in the directory ``out``; legends outside the axes. ``metadata``: PNG text
+  entries of every figure written (``savefig``)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -115,7 +129,7 @@ def plot(rows, split_rows, out):
     ds = sorted({r["d"] for r in rows})
     losses = sorted({r["loss"] for r in rows})
     fig, axes = plt.subplots(2 * len(losses), len(ds), figsize=(4.2 * len(ds),
-                                                                 6.4 * len(losses)),
+                                                                 6.4 * len(losses) + 0.5),
                              squeeze=False)
     for li, loss in enumerate(losses):
       for j, d in enumerate(ds):
@@ -136,13 +150,13 @@ def plot(rows, split_rows, out):
         axes[2 * li, j].set(xscale="log", title=f"{loss}, d = {d}", ylabel="coverage")
         axes[2 * li + 1, j].set(xscale="log", yscale="log", xlabel="n",
                                 ylabel="mean CI length")
-    axes[0, 0].legend(fontsize=6)
     fig.suptitle("Private 95% CIs (ε = 1, ρ = 0.5): coverage and length vs n; "
                  "error bars = ±1.96 s.e. over bootstrap replicates", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "coverage_length.png", dpi=120)
+    top = _legend_below(fig, axes[0], ncol=4, fontsize=7)
+    fig.tight_layout(rect=(0, top, 1, 1))
+    fig.savefig(out / "coverage_length.png", dpi=120, metadata=metadata)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(5, 4))
+    fig, ax = plt.subplots(figsize=(6.6, 4))
     for variant in sorted({r["variant"] for r in rows}):
       sel = [r for r in rows if r["variant"] == variant and r["floor"] == "psd"]
       ax.scatter([r["vi_length"] for r in sel], [r["length"] for r in sel], label=variant, s=14)
@@ -150,13 +164,13 @@ def plot(rows, split_rows, out):
     ax.plot(lim, lim, "k-", lw=0.8, label="CI = VI")
     ax.set(xscale="log", yscale="log", xlabel="variability interval length (φ₁ noise + sampling)",
            ylabel="private CI length (floor=psd)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(out / "ci_vs_vi.png", dpi=120)
+    fig.savefig(out / "ci_vs_vi.png", dpi=120, metadata=metadata)
     plt.close(fig)
   if split_rows:
     variants = sorted({r["variant"] for r in split_rows})
-    fig, axes = plt.subplots(2, len(variants), figsize=(3.6 * len(variants), 5.6), squeeze=False)
+    fig, axes = plt.subplots(2, len(variants), figsize=(3.6 * len(variants), 5.9), squeeze=False)
     for j, variant in enumerate(variants):
       for loss in sorted({r["loss"] for r in split_rows}):
         sel = sorted((r for r in split_rows if r["variant"] == variant and r["loss"] == loss),
@@ -169,10 +183,10 @@ def plot(rows, split_rows, out):
       axes[0, j].axhline(0.95, color="k", lw=0.8)
       axes[0, j].set(title=variant, ylabel="coverage")
       axes[1, j].set(xlabel="φ₁ / φ  (φ₂ = φ₃)", ylabel="mean CI length", yscale="log")
-    axes[0, 0].legend(fontsize=7)
     fig.suptitle("Budget split (paper 003 Table 2); floor = paper; ±1.96 s.e.", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "budget_split.png", dpi=120)
+    top = _legend_below(fig, axes[0], ncol=4, fontsize=7)
+    fig.tight_layout(rect=(0, top, 1, 1))
+    fig.savefig(out / "budget_split.png", dpi=120, metadata=metadata)
     plt.close(fig)
 
 
@@ -221,4 +235,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "experiment config")
   app.run(main)

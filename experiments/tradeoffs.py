@@ -473,18 +473,43 @@ _COLORS = dict(model_sensitivity="C0", loss_perturbation="C1", dpsgd="C2",
 _ROW_AXIS = dict(n_train="n_train", pca_dims="num_features")  # the value actually used
 
 
-def plot(rows, config, path):
-  """The paper's layout: one panel per delta (columns), one line per method (and epsilon)."""
+def _legend_below(fig, axes, note, ncol, rank, fontsize=7):
+  """One legend for every panel (entries sorted by ``rank[label]``), below the axes and above
+  ``note``; returns its top as a fraction of the figure height, for ``tight_layout``."""
+  handles = {}
+  for ax in axes:
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, handle)
+  handles = dict(sorted(handles.items(), key=lambda item: rank.get(item[0], (math.inf, 0.0))))
+  renderer = fig.canvas.get_renderer()
+  bottom = note.get_window_extent(renderer).y1 / fig.bbox.height if note is not None else 0.0
+  legend = fig.legend(list(handles.values()), list(handles), loc="lower center",
+                      bbox_to_anchor=(0.5, bottom + 0.01), ncol=max(1, min(ncol, len(handles))),
+                      fontsize=fontsize, frameon=False)
+  return legend.get_window_extent(renderer).y1 / fig.bbox.height
+
+
+def plot(rows, config, path, metadata=None):
+  """The paper's layout: one panel per delta (columns), one line per method (and epsilon).
+
+  The legend is below the panels (it never covers a line); on the N axis (Fig. 4) the
+  training sets beyond the real one (rows with ``augmented``: translated copies,
+  :func:`shifted_copies`) are shaded. ``metadata``: PNG text entries (``savefig``).
+  """
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
   axis = config.axis
   panels = [None] if axis == "delta" else [float(d) for d in config.deltas]
-  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+  ncol = 2 if len(panels) == 1 else 3
+  labels = len(config.methods) * (1 if axis == "epsilon" else len(config.epsilons)) + 1
+  fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(
+      5.5 * len(panels), 4.2 + 0.35 + 0.17 * math.ceil(labels / ncol)))
   xkey = _ROW_AXIS.get(axis, axis)
   flat_axes = ("epsilon", "delta", "budget")  # non-private does not move along these
   single_method = len([m for m in config.methods if m != "non_private"]) == 1
+  rank = {}  # legend order: the methods' order, then epsilon
   for ax, delta in zip(axes[0], panels):
     for method in config.methods:
       for eps in ([None] if axis == "epsilon" else config.epsilons):
@@ -497,6 +522,7 @@ def plot(rows, config, path):
                  else "k" if method == "non_private" else _COLORS[method])
         label = LABELS[method] + ("" if eps is None or len(config.epsilons) == 1
                                   or method == "non_private" else f", ε = {eps:g}")
+        rank.setdefault(label, (list(config.methods).index(method), eps or 0.0))
         if method == "non_private" and axis in flat_axes:
           ax.axhline(rs[0]["test_accuracy_mean"], color=color, ls=":", label=label)
           continue
@@ -510,6 +536,13 @@ def plot(rows, config, path):
                  else ":" if method == "subsample_aggregate_paper_beta" else "-")
         ax.plot(xs, mean, style, marker="o", ms=3, label=label, color=color)
         ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.15)
+    augmented = sorted({r[xkey] for r in rows if r.get("augmented") is True})
+    real = [r[xkey] for r in rows if r.get("augmented") is not True]
+    if axis == "n_train" and augmented and real:
+      n_real = max(real)
+      ax.axvspan(n_real, max(augmented), color="0.85", lw=0, zorder=0,
+                 label=f"N > {n_real:,}: augmented (real images + translated copies)")
+      ax.axvline(n_real, color="0.4", ls="--", lw=0.8)
     if axis in _LOG_AXES:
       ax.set_xscale("log")
     ax.set_xlabel(_AXIS_LABEL[axis])
@@ -521,14 +554,14 @@ def plot(rows, config, path):
     ax.set_title(f"{config.dataset}: " + ", ".join(v for v in fixed.values() if v), fontsize=10)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=7)
   draws = sorted({r["num_draws"] for r in rows if r["method"] != "non_private"})
-  fig.text(0.5, 0.005, f"Paper 000 {config.figure}. Mean test accuracy; bands ±1 s.d. over "
-           f"{'/'.join(map(str, draws)) or '?'} noise draws; hyper-parameters chosen on a held-out "
-           f"split ({'accounted' if config.account_selection else 'not accounted, as in the paper'}).",
-           ha="center", va="bottom", fontsize=7, wrap=True)
-  fig.tight_layout(rect=(0, 0.05, 1, 1))
-  fig.savefig(path, dpi=120)
+  selection = "accounted" if config.account_selection else "not accounted, as in the paper"
+  note = fig.text(0.5, 0.005, f"Paper 000 {config.figure}. Mean test accuracy; bands ±1 s.d. over "
+                  f"{'/'.join(map(str, draws)) or '?'} noise draws;\nhyper-parameters chosen on a "
+                  f"held-out split ({selection}).", ha="center", va="bottom", fontsize=7)
+  top = _legend_below(fig, axes[0], note, ncol, rank)
+  fig.tight_layout(rect=(0, top, 1, 1))
+  fig.savefig(path, dpi=120, metadata=metadata)
   plt.close(fig)
 
 

@@ -1,0 +1,343 @@
+"""Draws every figure in ``docs/figures`` from its committed CSV in ``docs/data``.
+
+Usage (from any directory; no data set, no training, a few seconds)::
+
+  python docs/draw_figures.py          # redraw every figure, rewrite the generated tables
+  python docs/draw_figures.py --check  # change nothing; exit 1 if a figure or table is stale
+
+The figures are drawn by the experiments' own plotting functions
+(``experiments/tradeoffs.py`` ``plot``, ``experiments/confidence_intervals.py``
+``plot``) from the rows of the CSVs in :data:`FIGURES`, the one table of which
+figure is drawn from which CSV. Each PNG carries PNG text entries: ``Source``,
+the sha256 of every CSV it was drawn from, and ``Command``, the command that
+drew it; ``--check`` (and ``tests/test_docs_figures.py``) compare them with the
+CSVs, so a CSV edited without redrawing its figure is caught.
+
+The tables of ``docs/results.md`` that quote the figures' numbers sit between
+``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->`` and are written by
+this script from the CSVs of :data:`TABLES`: edit the CSV and rerun, never the
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import importlib.util
+import pathlib
+import re
+import shutil
+import sys
+import tempfile
+from typing import NamedTuple
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DATA = ROOT / "docs" / "data"
+FIGURES_DIR = ROOT / "docs" / "figures"
+RESULTS = ROOT / "docs" / "results.md"
+COMMAND = "python docs/draw_figures.py"
+
+
+class Figure(NamedTuple):
+  """How ``docs/figures/<name>.png`` is drawn.
+
+  ``plot``: the experiment whose ``plot`` draws it; ``csvs``: its rows, in
+  ``docs/data``; ``figure``/``dataset``: the ``configs/tradeoffs.py`` figure and
+  data set (tradeoffs); ``output``: the file that ``plot`` writes
+  (confidence intervals, which writes one directory of figures).
+  """
+  plot: str
+  csvs: tuple[str, ...]
+  figure: str = ""
+  dataset: str = ""
+  output: str = ""
+
+
+# docs/figures/<name>.png <- docs/data/<csv>: the one mapping of figures to their data.
+FIGURES = {
+    "tradeoffs_fig1_digits": Figure("tradeoffs", ("tradeoffs_fig1_digits.csv",), "fig1", "digits"),
+    "tradeoffs_fig1_mnist": Figure("tradeoffs", ("tradeoffs_fig1_mnist.csv",), "fig1", "mnist"),
+    "tradeoffs_fig2_mnist": Figure("tradeoffs", ("tradeoffs_fig2_mnist.csv",), "fig2", "mnist"),
+    "tradeoffs_fig3_mnist": Figure("tradeoffs", ("tradeoffs_fig3_mnist.csv",), "fig3", "mnist"),
+    "tradeoffs_fig4_mnist": Figure("tradeoffs", ("tradeoffs_fig4_mnist.csv",), "fig4", "mnist"),
+    "tradeoffs_fig5a_mnist": Figure("tradeoffs", ("tradeoffs_fig5a_mnist.csv",), "fig5a",
+                                    "mnist"),
+    "tradeoffs_fig5b_mnist": Figure("tradeoffs", ("tradeoffs_fig5b_mnist.csv",), "fig5b",
+                                    "mnist"),
+    "tradeoffs_fig6a_mnist": Figure("tradeoffs", ("tradeoffs_fig6a_mnist.csv",), "fig6a",
+                                    "mnist"),
+    "tradeoffs_fig6b_mnist": Figure("tradeoffs", ("tradeoffs_fig6b_mnist.csv",), "fig6b",
+                                    "mnist"),
+    "confidence_intervals_adult_coverage_length": Figure(
+        "confidence_intervals", ("confidence_intervals_adult_coverage.csv",),
+        output="coverage_length.png"),
+    "confidence_intervals_adult_ci_vs_vi": Figure(
+        "confidence_intervals", ("confidence_intervals_adult_coverage.csv",),
+        output="ci_vs_vi.png"),
+    "confidence_intervals_adult_budget_split": Figure(
+        "confidence_intervals", ("confidence_intervals_adult_split.csv",),
+        output="budget_split.png"),
+}
+
+
+class Table(NamedTuple):
+  """A table of ``docs/results.md``: one row per line of the figure, one column per x value.
+
+  ``csv``: the figure's rows; ``extra``: ``(csv, label suffix)`` pairs whose rows are
+  added as further lines (runs with other settings, e.g. another hyper-parameter grid).
+  """
+  csv: str
+  figure: str
+  dataset: str
+  extra: tuple[tuple[str, str], ...] = ()
+
+
+# docs/results.md block <!-- generated:<name> --> <- docs/data/<csv>.
+TABLES = {
+    "tradeoffs_fig1_digits": Table("tradeoffs_fig1_digits.csv", "fig1", "digits"),
+    "tradeoffs_fig1_mnist": Table(
+        "tradeoffs_fig1_mnist.csv", "fig1", "mnist",
+        extra=(("tradeoffs_fig1_mnist_dpsgd_lr1.csv", ", learning rate 1 only"),)),
+    "tradeoffs_fig2_mnist": Table("tradeoffs_fig2_mnist.csv", "fig2", "mnist"),
+    "tradeoffs_fig3_mnist": Table("tradeoffs_fig3_mnist.csv", "fig3", "mnist"),
+    "tradeoffs_fig4_mnist": Table("tradeoffs_fig4_mnist.csv", "fig4", "mnist"),
+    "tradeoffs_fig5a_mnist": Table("tradeoffs_fig5a_mnist.csv", "fig5a", "mnist"),
+    "tradeoffs_fig5b_mnist": Table("tradeoffs_fig5b_mnist.csv", "fig5b", "mnist"),
+    "tradeoffs_fig6a_mnist": Table("tradeoffs_fig6a_mnist.csv", "fig6a", "mnist"),
+    "tradeoffs_fig6b_mnist": Table("tradeoffs_fig6b_mnist.csv", "fig6b", "mnist"),
+}
+
+
+def experiment(name: str):
+  """``experiments/<name>.py`` as a module, loaded once (the experiments are scripts)."""
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+      spec.loader.exec_module(module)
+    except BaseException:
+      del sys.modules[name]
+      raise
+  return sys.modules[name]
+
+
+def sha256(path: pathlib.Path) -> str:
+  return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _value(text: str):
+  """A CSV cell as the experiment wrote it: int, float, bool or string ("" stays "")."""
+  if text in ("True", "False"):
+    return text == "True"
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
+
+
+def read_rows(name: str) -> list[dict]:
+  with open(DATA / name, newline="", encoding="utf-8") as f:
+    return [{k: _value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def metadata(name: str) -> dict[str, str | None]:
+  """The PNG text entries of figure ``name``: the sha256 of its CSVs and the command."""
+  source = "; ".join(f"docs/data/{c} sha256:{sha256(DATA / c)}" for c in FIGURES[name].csvs)
+  return {"Source": source, "Command": COMMAND, "Software": None}
+
+
+def png_metadata(path: pathlib.Path) -> dict[str, str]:
+  """The PNG text entries of ``path``."""
+  from PIL import Image  # pylint: disable=import-outside-toplevel
+  with Image.open(path) as image:
+    image.load()
+    return dict(image.text)
+
+
+def axis_values(axis: str, rows: list[dict]) -> set:
+  """The x values of a tradeoffs figure (private training is stored at B = 0: flat in B)."""
+  tradeoffs = experiment("tradeoffs")
+  xkey = tradeoffs._ROW_AXIS.get(axis, axis)  # pylint: disable=protected-access
+  return {r[xkey] for r in rows if r["method"] != "non_private"
+          and not (axis == "budget" and r["method"] in tradeoffs.TRAINING)}
+
+
+def _tradeoffs_config(figure: str, dataset: str, rows: list[dict]):
+  """The plotting config of a tradeoffs figure: axis and layout from ``configs/tradeoffs.py``,
+  every value drawn (methods, deltas, epsilons, axis values, B, selection) from ``rows``."""
+  tradeoffs = experiment("tradeoffs")
+  spec = importlib.util.spec_from_file_location("tradeoffs_config", tradeoffs.CONFIG_FILE)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config(figure)
+  private = [r for r in rows if r["method"] != "non_private"]
+  with config.unlocked():
+    config.dataset = dataset
+    present = {r["method"] for r in rows}
+    config.methods = tuple(m for m in tradeoffs.METHODS if m in present)
+    config.deltas = tuple(sorted({float(r["delta"]) for r in private}))
+    config.epsilons = tuple(sorted({float(r["epsilon"]) for r in private}))
+    config.axis_values = tuple(sorted(axis_values(config.axis, rows)))
+    budgets = {int(r["budget"]) for r in private if r["kind"] == "prediction"}
+    if config.axis != "budget" and budgets:
+      (config.budget,) = budgets
+    config.account_selection = any(r.get("selection") == "exponential_mechanism" for r in rows)
+  return config
+
+
+def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """Draws the figures ``names`` of :data:`FIGURES` into ``out_dir/<name>.png``."""
+  out_dir = pathlib.Path(out_dir)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  names = list(names)
+  unknown = [n for n in names if n not in FIGURES]
+  if unknown:
+    raise ValueError(f"names must be figures of FIGURES, got {unknown}.")
+  written = []
+  for name in names:
+    fig = FIGURES[name]
+    if fig.plot == "tradeoffs":
+      rows = read_rows(fig.csvs[0])
+      config = _tradeoffs_config(fig.figure, fig.dataset, rows)
+      experiment("tradeoffs").plot(rows, config, out_dir / f"{name}.png", metadata=metadata(name))
+      written.append(out_dir / f"{name}.png")
+  # confidence intervals: one call of plot draws every figure of a CSV (coverage: two).
+  by_csv = {}
+  for name in names:
+    if FIGURES[name].plot == "confidence_intervals":
+      by_csv.setdefault(FIGURES[name].csvs, []).append(name)
+  for csvs, group in by_csv.items():
+    rows = read_rows(csvs[0])
+    split = any(FIGURES[n].output == "budget_split.png" for n in group)
+    if split and len(group) > 1:
+      raise ValueError(f"budget_split.png is the only figure of {csvs[0]}, got {group}.")
+    with tempfile.TemporaryDirectory() as tmp:
+      experiment("confidence_intervals").plot([] if split else rows, rows if split else [],
+                                              pathlib.Path(tmp), metadata=metadata(group[0]))
+      for name in group:
+        shutil.move(pathlib.Path(tmp) / FIGURES[name].output, out_dir / f"{name}.png")
+        written.append(out_dir / f"{name}.png")
+  return written
+
+
+def table(name: str) -> str:
+  """The markdown table of ``TABLES[name]``: mean ± s.d. of every line at every x value."""
+  spec = TABLES[name]
+  tradeoffs = experiment("tradeoffs")
+  rows = read_rows(spec.csv)
+  config = _tradeoffs_config(spec.figure, spec.dataset, rows)
+  axis = config.axis
+  xkey = tradeoffs._ROW_AXIS.get(axis, axis)  # pylint: disable=protected-access
+  flat = ("epsilon", "delta", "budget")  # non-private, and training along B, do not move
+  xs = sorted(axis_values(axis, rows))
+
+  def lines(rows, suffix):
+    out = []
+    for method in tradeoffs.METHODS:
+      mine = [r for r in rows if r["method"] == method]
+      deltas = [None] if method == "non_private" or axis == "delta" else sorted(
+          {r["delta"] for r in mine})
+      epsilons = [None] if method == "non_private" or axis == "epsilon" or len(
+          config.epsilons) == 1 else sorted({r["epsilon"] for r in mine})
+      for delta in deltas:
+        for eps in epsilons:
+          sel = [r for r in mine if (delta is None or r["delta"] == delta)
+                 and (eps is None or r["epsilon"] == eps)]
+          if not sel:
+            continue
+          label = tradeoffs.LABELS[method]
+          if method == "subsample_aggregate_paper_beta":
+            label = "S&A, paper's β=ε/B (2ε-DP)"
+          label += "" if delta is None else f", δ={delta:g}"
+          label += "" if eps is None else f", ε={eps:g}"
+          if method == "non_private" and axis in flat or method in tradeoffs.TRAINING and (
+              axis == "budget"):
+            cells = [sel[0]] * len(xs)
+          else:
+            by_x = {r[xkey]: r for r in sel}
+            cells = [by_x.get(x) for x in xs]
+          out.append([label + suffix] + [
+              "" if r is None else f"{r['test_accuracy_mean']:.3f} ± {r['test_accuracy_std']:.3f}"
+              for r in cells])
+    return out
+
+  body = lines(rows, "")
+  for extra_csv, suffix in spec.extra:
+    body += lines(read_rows(extra_csv), suffix)
+  header = ["method"] + [f"{x:g}" for x in xs]
+  return "\n".join("| " + " | ".join(cells) + " |" for cells in
+                   [header, ["---"] * len(header)] + body)
+
+
+def _block(name: str) -> re.Pattern:
+  return re.compile(rf"(<!-- generated:{re.escape(name)} -->\n)(.*?)(<!-- /generated:"
+                    rf"{re.escape(name)} -->)", re.DOTALL)
+
+
+def render_results(text: str) -> str:
+  """``text`` (docs/results.md) with every generated block rewritten from its CSV."""
+  for name in TABLES:
+    pattern = _block(name)
+    if len(pattern.findall(text)) != 1:
+      raise ValueError(f"docs/results.md must hold exactly one <!-- generated:{name} --> block.")
+    generated = table(name)
+    text = pattern.sub(lambda m, g=generated: m.group(1) + "\n" + g + "\n\n" + m.group(3), text)
+  return text
+
+
+def check() -> list[str]:
+  """What disagrees with the CSVs: stale or missing figures, stale tables ([] if none)."""
+  problems = []
+  for name, fig in FIGURES.items():
+    missing = [c for c in fig.csvs if not (DATA / c).is_file()]
+    png = FIGURES_DIR / f"{name}.png"
+    if missing:
+      problems.append(f"{name}: missing CSV {missing}")
+    elif not png.is_file():
+      problems.append(f"{name}: missing docs/figures/{name}.png")
+    else:
+      want, have = metadata(name), png_metadata(png)
+      for key in ("Source", "Command"):
+        if have.get(key) != want[key]:
+          problems.append(f"{name}: PNG {key} {have.get(key)!r} != {want[key]!r}")
+  text = RESULTS.read_text(encoding="utf-8")
+  try:
+    rendered = render_results(text)
+  except ValueError as e:
+    problems.append(str(e))
+  else:
+    for name in TABLES:
+      if _block(name).search(text).group(2) != _block(name).search(rendered).group(2):
+        problems.append(f"docs/results.md table {name}: not what the CSV gives")
+  return problems
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--check", action="store_true",
+                      help="change nothing; exit 1 if a figure or table disagrees with its CSV")
+  args = parser.parse_args(argv)
+  if args.check:
+    problems = check()
+    for p in problems:
+      print(p, file=sys.stderr)
+    print(f"{len(FIGURES)} figures, {len(TABLES)} tables: "
+          f"{'OK' if not problems else f'{len(problems)} problems'}")
+    return 1 if problems else 0
+  for path in draw(FIGURES, FIGURES_DIR):
+    print(f"wrote {path.relative_to(ROOT)}")
+  text = RESULTS.read_text(encoding="utf-8")
+  rendered = render_results(text)
+  if rendered != text:
+    RESULTS.write_text(rendered, encoding="utf-8")
+  print(f"docs/results.md: {len(TABLES)} generated tables"
+        f"{' rewritten' if rendered != text else ' unchanged'}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
