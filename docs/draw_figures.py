@@ -1,14 +1,15 @@
 """Draws every figure in ``docs/figures`` from its committed CSV in ``docs/data``.
 
-Usage (from any directory; no data set, no training, a few seconds)::
+Usage (from any directory; no data set, no training, about 30 s on two CPU cores)::
 
   python docs/draw_figures.py          # redraw every figure, rewrite the generated tables
   python docs/draw_figures.py --check  # change nothing; exit 1 if a figure or table is stale
 
 The figures are drawn by the experiments' own plotting functions
-(``experiments/tradeoffs.py`` ``plot``, ``experiments/confidence_intervals.py``
-``plot``) from the rows of the CSVs in :data:`FIGURES`, the one table of which
-figure is drawn from which CSV. Each PNG carries PNG text entries: ``Source``,
+(``plot`` of ``experiments/tradeoffs.py``, ``experiments/confidence_intervals.py``,
+``experiments/multiparty.py`` and ``experiments/survey_models.py``) from the rows
+of the CSVs in :data:`FIGURES`, the one table of which figure is drawn from which
+CSV. Each PNG carries PNG text entries: ``Source``,
 the sha256 of every CSV it was drawn from, and ``Command``, the command that
 drew it; ``--check`` (and ``tests/test_docs_figures.py``) compare them with the
 CSVs, so a CSV edited without redrawing its figure is caught.
@@ -44,8 +45,9 @@ class Figure(NamedTuple):
 
   ``plot``: the experiment whose ``plot`` draws it; ``csvs``: its rows, in
   ``docs/data``; ``figure``/``dataset``: the ``configs/tradeoffs.py`` figure and
-  data set (tradeoffs); ``output``: the file that ``plot`` writes
-  (confidence intervals, which writes one directory of figures).
+  data set (tradeoffs; survey models: ``dataset`` only, the rows do not name it);
+  ``output``: the file that ``plot`` writes (confidence intervals, which writes
+  one directory of figures).
   """
   plot: str
   csvs: tuple[str, ...]
@@ -78,6 +80,14 @@ FIGURES = {
     "confidence_intervals_adult_budget_split": Figure(
         "confidence_intervals", ("confidence_intervals_adult_split.csv",),
         output="budget_split.png"),
+    "multiparty_fig2_mnist_standin": Figure("multiparty",
+                                            ("multiparty_fig2_mnist_standin.csv",)),
+    "multiparty_fig3_kdd": Figure("multiparty", ("multiparty_fig3_kdd.csv",)),
+    "survey_models_adult": Figure("survey_models", ("survey_models_adult.csv",),
+                                  dataset="adult"),
+    "survey_models_bank": Figure("survey_models", ("survey_models_bank.csv",), dataset="bank"),
+    "survey_models_mnist": Figure("survey_models", ("survey_models_mnist.csv",),
+                                  dataset="mnist"),
 }
 
 
@@ -189,6 +199,48 @@ def _tradeoffs_config(figure: str, dataset: str, rows: list[dict]):
   return config
 
 
+def _multiparty_title(rows: list[dict]) -> str:
+  """The title ``experiments/multiparty.py`` gives its figure, from the rows' data set."""
+  title = f"Paper 001 protocol on {rows[0]['label']}"
+  if rows[0]["dataset"] == "mnist_standin":
+    title += " (STAND-IN: UCI HAR features unavailable)"
+  return title
+
+
+def _survey_config(dataset: str, rows: list[dict]):
+  """The plotting config of a survey-models figure: ``configs/survey_models.py`` with the data
+  set and the numbers of fits per point read from ``rows``."""
+  spec = importlib.util.spec_from_file_location("survey_models_config",
+                                                experiment("survey_models").CONFIG_FILE)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  config = module.get_config()
+  private = [r for r in rows if r["library"] != "sklearn"]
+  config.dataset = dataset
+  for field, sel in (("num_seeds", [r for r in private if r["model"] != "kmeans"]),
+                     ("kmeans_num_seeds", [r for r in private if r["model"] == "kmeans"])):
+    seeds = {int(r["num_seeds"]) for r in sel}
+    if len(seeds) > 1:
+      raise ValueError(f"{dataset}: one number of fits per model expected, got {seeds}.")
+    if seeds:
+      (config[field],) = seeds
+  return config
+
+
+def _stamp(path: pathlib.Path, metadata: dict[str, str | None]) -> None:
+  """Writes the PNG text entries ``metadata`` into ``path`` (for the ``plot`` functions that
+  take no ``metadata``); pixels, size and resolution are kept, no other text entry."""
+  from PIL import Image, PngImagePlugin  # pylint: disable=import-outside-toplevel
+  info = PngImagePlugin.PngInfo()
+  for key, value in metadata.items():
+    if value is not None:
+      info.add_text(key, value)
+  with Image.open(path) as image:
+    image.load()
+    dpi = image.info.get("dpi")
+    image.save(path, pnginfo=info, **({"dpi": dpi} if dpi else {}))
+
+
 def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
   """Draws the figures ``names`` of :data:`FIGURES` into ``out_dir/<name>.png``."""
   out_dir = pathlib.Path(out_dir)
@@ -204,6 +256,17 @@ def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
       rows = read_rows(fig.csvs[0])
       config = _tradeoffs_config(fig.figure, fig.dataset, rows)
       experiment("tradeoffs").plot(rows, config, out_dir / f"{name}.png", metadata=metadata(name))
+      written.append(out_dir / f"{name}.png")
+    elif fig.plot == "multiparty":
+      rows = read_rows(fig.csvs[0])
+      experiment("multiparty").plot(rows, out_dir / f"{name}.png", _multiparty_title(rows))
+      _stamp(out_dir / f"{name}.png", metadata(name))
+      written.append(out_dir / f"{name}.png")
+    elif fig.plot == "survey_models":
+      rows = read_rows(fig.csvs[0])
+      experiment("survey_models").plot(rows, _survey_config(fig.dataset, rows),
+                                       out_dir / f"{name}.png")
+      _stamp(out_dir / f"{name}.png", metadata(name))
       written.append(out_dir / f"{name}.png")
   # confidence intervals: one call of plot draws every figure of a CSV (coverage: two).
   by_csv = {}
