@@ -21,14 +21,20 @@ SCRIPT = ROOT / "experiments" / "accuracy_vs_epsilon.py"
 _load = _repo_modules.load
 
 
+# The whole digits training set, 1 validation and 3 test draws: the shapes of
+# tests/experiments/test_tradeoffs.py's Fig. 1 run, whose certified fits and model-sensitivity
+# draws compile the same programs (shared through the compilation cache).
+N_TRAIN = 1438
+
+
 def _tiny_config(out_dir):
   config = _load("configs/accuracy_vs_epsilon.py").get_config()
-  config.n_train = 300
+  config.n_train = N_TRAIN
   config.epsilons = (3.0, 30.0)
   config.deltas = (1e-5,)
   config.l2_regs = (1e-2, 1e-1)
   config.num_seeds = 3
-  config.val_seeds = 2
+  config.val_seeds = 1
   config.out_dir = str(out_dir)
   return config
 
@@ -38,19 +44,21 @@ def _csv(path):
     return list(csv.DictReader(f))
 
 
-def test_killed_run_resumes_without_recomputing_and_gives_identical_results(tmp_path, monkeypatch):
-  pytest.importorskip("ml_collections")
+def _check_killed_run_resumes(tmp_path, monkeypatch, methods):
   experiment = _load("experiments/accuracy_vs_epsilon.py")
   calls = []
   run_point = experiment.run_point
   monkeypatch.setattr(experiment, "run_point", lambda point, **kw: calls.append(point) or
                       run_point(point, **kw))
   config = _tiny_config(tmp_path)
+  config.methods = methods
   points = experiment.grid(config)
-  assert len(points) == 1 + 2 * 2  # non-private + 2 methods x 2 epsilons
+  private = len(methods) - 1
+  assert len(points) == 1 + private * 2  # non-private + each private method x 2 epsilons
+  killed = len(points) - 2  # the run is "killed" with 2 points left, in the first one's line
 
   rows = experiment.main(config)
-  out = tmp_path / "accuracy_vs_epsilon" / "digits_n300"  # results/<experiment>/<dataset>/
+  out = tmp_path / "accuracy_vs_epsilon" / f"digits_n{N_TRAIN}"  # results/<experiment>/<dataset>/
   assert {p.name for p in out.iterdir()} >= {"points.jsonl", "results.csv", "results.json",
                                               "accuracy_vs_epsilon.png"}
   assert calls == points and len(rows) == len(points)
@@ -59,15 +67,15 @@ def test_killed_run_resumes_without_recomputing_and_gives_identical_results(tmp_
   assert [r["method"] for r in full_csv] == [p[0] for p in points]
   assert all(r["num_models"] == (1 if r["method"] == "non_private" else 3) for r in rows)
 
-  # "Kill" the run after 3 points, in the middle of writing the 4th line.
+  # "Kill" the run after `killed` points, in the middle of writing the next line.
   lines = (out / "points.jsonl").read_text().splitlines(keepends=True)
   assert len(lines) == len(points)
-  (out / "points.jsonl").write_text("".join(lines[:3]) + lines[3][:40])
+  (out / "points.jsonl").write_text("".join(lines[:killed]) + lines[killed][:40])
   for name in ("results.csv", "results.json", "accuracy_vs_epsilon.png"):
     (out / name).unlink()
   calls.clear()
   experiment.main(config)
-  assert calls == points[3:]  # only the missing points are computed
+  assert calls == points[killed:]  # only the missing points are computed
   assert _csv(out / "results.csv") == full_csv  # same keys per point: identical numbers
   assert json.loads((out / "results.json").read_text())["rows"] == full_rows
   assert len((out / "points.jsonl").read_text().splitlines()) == len(points)
@@ -88,6 +96,23 @@ def test_killed_run_resumes_without_recomputing_and_gives_identical_results(tmp_
   experiment.main(config)
   assert (tmp_path / "accuracy_vs_epsilon" / "digits_n200" / "results.csv").exists()
   assert _csv(out / "results.csv") == [r for r in full_csv if r["epsilon"] in ("inf", "30.0")]
+
+
+def test_killed_run_resumes_without_recomputing_and_gives_identical_results(tmp_path, monkeypatch):
+  # Model sensitivity only (3 points, killed with 2 left): the resume, the smaller grid and the
+  # other variant as in the slow test, without loss perturbation's compiled fits (ran through
+  # the same private_models by tests/experiments/test_tradeoffs.py, and by the slow test here).
+  pytest.importorskip("ml_collections")
+  _check_killed_run_resumes(tmp_path, monkeypatch, ("non_private", "model_sensitivity"))
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_recomputing_and_gives_identical_results_slow(
+    tmp_path, monkeypatch):
+  """The config's three methods (5 points, killed with 2 left)."""
+  pytest.importorskip("ml_collections")
+  _check_killed_run_resumes(tmp_path, monkeypatch,
+                            ("non_private", "model_sensitivity", "loss_perturbation"))
 
 
 def test_runs_from_another_directory_without_backend_noise(tmp_path):
@@ -139,6 +164,7 @@ def test_shared_model_sensitivity_fit_is_certified_even_when_capped():
   import numpy as np  # pylint: disable=import-outside-toplevel
   experiment = _load("experiments/accuracy_vs_epsilon.py")
   config = experiment.resolve_config(_tiny_config("unused"))
+  config.n_train = 300
   config.max_iter = 1
   ds = experiment.load_data(config)
   x, y = np.asarray(ds.x_train), np.asarray(ds.y_train)

@@ -1,7 +1,7 @@
 """Smoke test of experiments/prediction_vs_training.py (paper 000 Sec. 4.2, Fig. 2).
 
 Tiny config on the embedded digits set (no data dir needed): two budgets, two
-noise seeds, one epsilon, delta in {0, 1e-5}.
+noise seeds, one epsilon, delta in {0, 1e-5}, 16 teachers.
 """
 
 import csv
@@ -18,31 +18,33 @@ from jaxdp import prediction as jpred
 BUDGETS = (1, 100)
 EPS = 10.0
 DELTAS = (0.0, 1e-5)
+# The whole digits training set and its preset's 16 teachers: the shapes of the runs in
+# tests/experiments/test_tradeoffs.py, whose certified fits and teachers compile the same
+# programs (shared through the compilation cache).
+N_TRAIN = 1438
 
 
 _load = _repo_modules.load
 
 
-def _tiny_config(tmp_path):
+def _tiny_config(tmp_path, l2_regs=(1e-2,)):
   config = _load("configs/prediction_vs_training.py").get_config()
   config.epsilons = (EPS,)
   config.deltas = DELTAS
   config.budgets = BUDGETS
-  config.l2_regs = (1e-3, 1e-2)
-  config.num_teachers = (8,)
+  config.l2_regs = l2_regs
+  config.num_teachers = (16,)
   config.num_seeds = 2
-  config.n_train = 400
+  config.n_train = N_TRAIN
   config.out_dir = str(tmp_path)
   return config
 
 
-def test_prediction_vs_training_writes_results(tmp_path):
-  pytest.importorskip("ml_collections")
-  config = _tiny_config(tmp_path)
+def _check_writes_results(config, tmp_path):
   experiment = _load("experiments/prediction_vs_training.py")
   rows = experiment.main(config)
 
-  out = tmp_path / config.name / "digits_n400"  # results/<experiment>/<dataset>[_n<N>]/
+  out = tmp_path / config.name / f"digits_n{N_TRAIN}"  # results/<experiment>/<dataset>[_n<N>]/
   assert {p.name for p in out.iterdir()} >= {"results.csv", "results.json", "points.jsonl",
                                               "prediction_vs_training.png"}
   assert (out / "prediction_vs_training.png").stat().st_size > 10_000
@@ -52,7 +54,7 @@ def test_prediction_vs_training_writes_results(tmp_path):
   # non-private: one row per B; 2 training + 2 prediction methods: one row per (delta, B).
   expected = len(BUDGETS) * (1 + 4 * len(DELTAS))
   assert len(rows) == len(meta["rows"]) == len(csv_rows) == expected
-  assert meta["n_train"] == 400 and meta["n_fit"] + meta["n_val"] == 400
+  assert meta["n_train"] == N_TRAIN and meta["n_fit"] + meta["n_val"] == N_TRAIN
   assert {r["epsilon"] for r in meta["rows"] if r["method"] == "non_private"} == {"inf"}
 
   for r in rows:
@@ -87,18 +89,32 @@ def test_prediction_vs_training_writes_results(tmp_path):
       # Certified fit: slack tol + 2^-24 (K + tol) (float32 rounding), as the predictor's.
       k = jpred.SOFTMAX_LIPSCHITZ
       slack = config.tol + 2.0 ** -24 * (k + config.tol)
-      cal = jpred.calibrate_prediction_sensitivity(EPS, delta, b, 400, r["l2_reg"], k,
+      cal = jpred.calibrate_prediction_sensitivity(EPS, delta, b, N_TRAIN, r["l2_reg"], k,
                                                    solver_tol=slack)
       assert cal.noise == ("l2_laplace" if delta == 0.0 else "gaussian")
       assert r["noise_scale"] == pytest.approx(cal.scale, rel=1e-6)
       if delta == 0.0:  # beta = eps / (B Delta), Delta = 2K/(N lambda) + 2 slack/lambda, rounded down
         assert r["noise_scale"] <= cal.scale
-        sens = 2 * k / (400 * r["l2_reg"]) + 2 * slack / r["l2_reg"]
+        sens = 2 * k / (N_TRAIN * r["l2_reg"]) + 2 * slack / r["l2_reg"]
         assert cal.scale == pytest.approx(EPS / (b * sens), rel=1e-12)
       else:  # sigma rounded up
         assert r["noise_scale"] >= cal.scale
   assert all(math.isfinite(r["noise_scale"]) for r in rows)
   assert np.isclose(float(csv_rows[0]["test_accuracy_mean"]), rows[0]["test_accuracy_mean"])
+
+
+def test_prediction_vs_training_writes_results(tmp_path):
+  # One lambda (half the fits and private releases): every method, both deltas and both
+  # budgets as in the slow test, which also selects lambda among two candidates.
+  pytest.importorskip("ml_collections")
+  _check_writes_results(_tiny_config(tmp_path), tmp_path)
+
+
+@pytest.mark.slow
+def test_prediction_vs_training_writes_results_slow(tmp_path):
+  """Two lambdas: the held-out selection of lambda (and of (T, lambda)) among candidates."""
+  pytest.importorskip("ml_collections")
+  _check_writes_results(_tiny_config(tmp_path, l2_regs=(1e-3, 1e-2)), tmp_path)
 
 
 def test_prediction_vs_training_rejects_unknown_method(tmp_path):

@@ -94,8 +94,10 @@ def test_events_follow_theorems_2_and_4(pert):
   runs = {}
   for priv, total in (("pure", e), ("zcdp", e ** 2 / 2)):
     acc = PrivacyAccountant()
+    # Exact quantiles (num_samples unused): the default num_samples, a static argument of the
+    # jitted pipeline, so the pure run shares its compilation with the tests below.
     out, cal = ci.confidence_intervals(jax.random.key(0), x, y, **_phi(priv, total),
-                                       perturbation=pert, num_samples=2000, accountant=acc)
+                                       perturbation=pert, accountant=acc)
     assert cal.privacy == priv
     assert cal.split == pytest.approx(ci.budget_split(**_phi(priv, total), perturbation=pert))
     assert acc.neighbouring == "replace_one"
@@ -290,8 +292,8 @@ def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):
 @pytest.mark.parametrize("floor,expected", [("paper", 0.002), ("psd", 0.0)])
 def test_floors(floor, expected):
   x, y = _logistic_pool()
-  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, epsilon=1.0, floor=floor,
-                                     num_samples=2000)
+  # Exact quantiles, the default num_samples: the compiled pipeline of the tests above.
+  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, epsilon=1.0, floor=floor)
   assert cal.covariance_floor == expected and cal.hessian_floor == 0.002
   assert np.linalg.eigvalsh(out.covariance).min() >= expected - 1e-9
   assert np.linalg.eigvalsh(out.hessian).min() >= 0.002 - 1e-9

@@ -5,6 +5,7 @@ once (nested ``lax.while_loop``s compile slowly on a busy CPU).
 """
 
 import fractions
+import functools
 import math
 
 import jax
@@ -74,10 +75,21 @@ def test_discrete_gaussian_sampler_matches_the_exact_pmf(gaussian_draws):
   assert abs(gaussian_draws.mean()) < 6 * math.sqrt(n / N)
 
 
+@functools.lru_cache(maxsize=None)
+def _loop_sampler(t, s, c):
+  """One jitted reference program per (t, s, c), shared by every call below."""
+  return jax.jit(jax.vmap(lambda k: discrete._sampler_one(k, t, s, c)))
+
+
 def _one_loop_per_draw(key, n, t, s, c):
-  """The reference: one ``while_loop`` per coordinate (``discrete._sampler_one``), vmapped."""
+  """The reference: one ``while_loop`` per coordinate (``discrete._sampler_one``), vmapped.
+
+  The n keys are padded (by repeating the last one) to N rows, so every n runs the one
+  compiled N-row program; the padding rows are dropped.
+  """
   keys = jax.random.key_data(jax.random.split(key, n)).astype(jnp.uint32)
-  return np.asarray(jax.jit(jax.vmap(lambda k: discrete._sampler_one(k, t, s, c)))(keys))
+  padded = jnp.concatenate([keys, jnp.repeat(keys[-1:], max(N - n, 0), axis=0)])
+  return np.asarray(_loop_sampler(t, s, c)(padded))[:n]
 
 
 def test_work_queue_returns_the_per_coordinate_loop_draws(laplace_draws, gaussian_draws):
@@ -223,12 +235,14 @@ def test_discrete_events_and_validation_errors_name_the_argument():
     mech.discrete_gaussian_mechanism(0, v, 1.0, 1.0, 1.0)
 
 
-def test_samplers_run_under_x64_with_int32_output():
+def test_samplers_run_under_x64_with_int32_output(laplace_draws, gaussian_draws):
   """The classic models draw their discrete noise inside ``jax.enable_x64``: same draws, int32."""
-  key = jax.random.key(3)
-  plain = (mech.discrete_laplace_noise(key, (300,), 3, 1), mech.discrete_gaussian_noise(key, (300,), 3, 3))
+  # The module's shapes, parameters and keys: ``plain`` is the fixtures' draws (no new
+  # compilation outside x64).
+  plain = (laplace_draws, gaussian_draws)
   with jax.enable_x64(True):
-    wide = (mech.discrete_laplace_noise(key, (300,), 3, 1), mech.discrete_gaussian_noise(key, (300,), 3, 3))
+    wide = (mech.discrete_laplace_noise(jax.random.key(0), (N,), LAP_T, LAP_S),
+            mech.discrete_gaussian_noise(jax.random.key(1), (N,), GAU_T, GAU_C))
   for a, b in zip(plain, wide):
     assert b.dtype == jnp.int32
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -155,30 +155,82 @@ def _take(tree: Any, i: int) -> Any:
 
 
 class Batch:
-  """Outputs of one release under several keys: a stacked numpy pytree (vmapped) or a list."""
+  """Outputs of one release under several keys: stacked numpy leaves (vmapped) or a list.
 
-  def __init__(self, stacked: Any = None, items: Optional[list] = None, size: int = 0):
+  A vmapped batch keeps the output's tree structure, the stacked array leaves
+  and the ``DpEvent`` leaves (public descriptions, identical for every key of
+  one dataset; see :func:`_try_vmap`); ``batch[i]`` rebuilds the i-th output.
+  """
+
+  def __init__(self, stacked: Any = None, items: Optional[list] = None, size: int = 0,
+               treedef: Any = None, events: Optional[dict] = None):
     self.stacked, self.items, self.size = stacked, items, size if items is None else len(items)
+    self.treedef, self.events = treedef, events or {}
 
   def __len__(self) -> int:
     return self.size
 
   def __getitem__(self, i: int) -> Any:
-    return self.items[i] if self.items is not None else _take(self.stacked, i)
+    if self.items is not None:
+      return self.items[i]
+    if self.treedef is None:
+      return _take(self.stacked, i)
+    leaves = [self.events[j] if j in self.events else leaf[i]
+              for j, leaf in enumerate(self.stacked)]
+    return self.treedef.unflatten(leaves)
+
+
+def _holds_tracer(x: Any, depth: int = 0) -> bool:
+  """Whether a Python object (a DpEvent leaf) holds a JAX tracer anywhere inside."""
+  if isinstance(x, jax.core.Tracer):
+    return True
+  if depth >= _MAX_DEPTH or isinstance(x, _SKIP_TYPES):
+    return False
+  if isinstance(x, (list, tuple)):
+    return any(_holds_tracer(v, depth + 1) for v in x)
+  if isinstance(x, dict):
+    return any(_holds_tracer(v, depth + 1) for v in x.values())
+  names = [a.name for a in getattr(type(x), "__attrs_attrs__", ())]  # dp_accounting's events
+  if dataclasses.is_dataclass(x):
+    names += [f.name for f in dataclasses.fields(x)]
+  names += list(getattr(x, "__dict__", {}))
+  return any(_holds_tracer(getattr(x, n, None), depth + 1) for n in set(names))
+
+
+def _is_key_array(x: Any) -> bool:
+  return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
 def _try_vmap(entry: reg.ReleasePoint, keys: jax.Array, data: Any) -> Optional[Batch]:
   """The release vmapped over ``keys`` (numpy leaves); None if it cannot be vmapped.
 
   No ``jit``: the data stay concrete, so eager validation in the release still
-  runs. Any exception marks the entry as not vmappable; the caller then loops
-  (and a genuine error is raised from the loop).
+  runs. ``DpEvent`` leaves of the output (a result's ``event``: a public
+  description built from the concrete data and parameters, never from the
+  traced key) are not arrays: they are taken out of the traced output and put
+  back into every output of the batch; an event that holds a tracer makes the
+  entry not vmappable. Any exception marks the entry as not vmappable; the
+  caller then loops (and a genuine error is raised from the loop).
   """
   if not is_vmappable(entry) or keys.shape[0] < 2:
     return None
+  from jaxdp.accounting import events as ev  # pylint: disable=import-outside-toplevel
+  structure: dict = {}
+
+  def arrays_only(key):
+    leaves, treedef = jax.tree.flatten(entry.release(key, data))
+    found = {j: leaf for j, leaf in enumerate(leaves) if isinstance(leaf, ev.DpEvent)}
+    if any(_holds_tracer(e) for e in found.values()):
+      raise TypeError("a DpEvent of the output depends on the key")
+    structure.update(treedef=treedef, events=found)
+    return [None if j in found else leaf for j, leaf in enumerate(leaves)]
+
   try:
-    outs = jax.vmap(lambda k: entry.release(k, data))(keys)
-    return Batch(stacked=jax.tree.map(np.asarray, outs), size=keys.shape[0])
+    outs = jax.vmap(arrays_only)(keys)
+    stacked = [leaf if leaf is None or _is_key_array(leaf) else np.asarray(leaf)
+               for leaf in outs]  # key arrays (an optimiser state's) stay JAX arrays
+    return Batch(stacked=stacked, size=keys.shape[0], treedef=structure["treedef"],
+                 events=structure["events"])
   except Exception:  # pylint: disable=broad-except  # not vmappable: the caller loops
     _NOT_VMAPPABLE.add(_flag(entry))
     return None
@@ -212,12 +264,21 @@ def release_vectors(entry: reg.ReleasePoint, keys: jax.Array, data: Any) -> np.n
 # * SHARED: keys 0..SHARED_KEYS-1 on every (pair, side): replay, support and
 #   no_nonprivate (one vmapped batch per DISTINCT dataset, or lazily looped fits;
 #   a dataset repeated across pairs, usually D, is released once: dataset_fingerprint);
-# * BULK: keys fold_in(bulk_seed(side), i) on the first pair: the noise check
-#   (side 0) and the cheap audit (both sides), one batch size for both.
+# * BULK: on the first pair, the shared keys' outputs followed by the keys
+#   fold_in(bulk_seed(side), i): the noise check (side 0) and the cheap audit
+#   (both sides).
+# A vmapped release runs ONE batch per distinct dataset, of one size for the
+# whole entry (batch_size: the shared keys, then bulk keys up to what the noise
+# check and the audit use, when that is at most MAX_SHARED_BATCH), so every check
+# reads one compiled batch shape; an entry that needs more (a 100,000-trial
+# audit) runs SHARED_KEYS per dataset and one bulk batch per side of the first pair.
 # Kept for the two most recent entries; clear_caches() after monkeypatching.
 # ---------------------------------------------------------------------------
 
 SHARED_KEYS = 2 + NONPRIVATE_CONFIRM_KEYS  # shared key i is keys_for("shared", SHARED_KEYS)[i]
+# Largest batch run on EVERY distinct dataset of a vmapped entry: above it, releasing
+# each dataset that many times costs more than compiling a second batch shape.
+MAX_SHARED_BATCH = 2_000
 
 
 def dataset_fingerprint(data: Any) -> Any:
@@ -255,7 +316,7 @@ class _Cache:
     # shared D of most pair lists) are released once per key.
     self.data_keys = {(p, side): dataset_fingerprint(d)
                       for p, pair in enumerate(self.pairs) for side, d in enumerate(pair)}
-    self.shared: dict = {}    # data key -> Batch of SHARED_KEYS outputs (vmapped)
+    self.shared: dict = {}    # data key -> Batch of batch_size(entry) outputs (vmapped)
     self.outputs: dict = {}   # (data key, i) -> output (looped)
     self.vectors: dict = {}   # (data key, num) -> (num, d) vectors
     self.bulk: dict = {}      # side -> Batch
@@ -292,17 +353,63 @@ def shared_key(i: int) -> jax.Array:
   return keys_for("shared", SHARED_KEYS)[i]
 
 
+def batch_size(entry: reg.ReleasePoint) -> int:
+  """Outputs per vmapped batch of each dataset: :func:`bulk_size` up to ``MAX_SHARED_BATCH``.
+
+  Above ``MAX_SHARED_BATCH``, ``SHARED_KEYS`` (the first pair's bulk outputs are
+  then a second batch shape, see :func:`bulk_outputs`).
+  """
+  size = bulk_size(entry)
+  return size if size <= MAX_SHARED_BATCH else SHARED_KEYS
+
+
+def bulk_size(entry: reg.ReleasePoint) -> int:
+  """Vmapped outputs the noise check and the audit use (at least ``SHARED_KEYS``).
+
+  The noise check's draws come from the size of ``noise.reference(D)`` (the
+  check fails when the output's size differs, see :func:`check_noise_scale`).
+  """
+  size = SHARED_KEYS
+  if _applies(entry, "audit"):
+    size = max(size, int(entry.audit.trials))
+  if _applies(entry, "noise"):
+    try:
+      d = np.asarray(entry.noise.reference(_first_dataset(entry))).size
+    except Exception:  # pylint: disable=broad-except  # reported by the noise check
+      d = 0
+    if d:
+      size = max(size, _draws(entry, d, NOISE_MISS))
+  return size
+
+
+def _vmapped(entry: reg.ReleasePoint, pair: int, side: int) -> Optional[Batch]:
+  """The cached vmapped batch of ``pairs[pair][side]``; None when the release is looped.
+
+  Keys: the ``SHARED_KEYS`` shared keys, then the bulk keys of the first pair's
+  side this dataset is (side 0 for a dataset not in the first pair), up to
+  :func:`batch_size`: the same batch shape for every dataset of the entry.
+  """
+  cache = _cache(entry)
+  dkey = cache.data_keys[(pair, side)]
+  if dkey not in cache.shared and is_vmappable(entry):
+    bulk_side = 1 if dkey == cache.data_keys[(0, 1)] != cache.data_keys[(0, 0)] else 0
+    size = batch_size(entry)
+    keys = jax.numpy.concatenate([keys_for("shared", SHARED_KEYS),
+                                  bulk_keys(bulk_side, 0, size - SHARED_KEYS)])
+    batch = _try_vmap(entry, keys, pairs_of(entry)[pair][side])
+    if batch is not None:
+      cache.shared[dkey] = batch
+  return cache.shared.get(dkey)
+
+
 def output_at(entry: reg.ReleasePoint, pair: int, side: int, i: int) -> Any:
   """``entry.release(shared_key(i), pairs[pair][side])``, cached (a slice of a vmapped batch)."""
   cache = _cache(entry)
   data = pairs_of(entry)[pair][side]
   dkey = cache.data_keys[(pair, side)]
-  if is_vmappable(entry) and dkey not in cache.shared:
-    batch = _try_vmap(entry, keys_for("shared", SHARED_KEYS), data)
-    if batch is not None:
-      cache.shared[dkey] = batch
-  if dkey in cache.shared:
-    return cache.shared[dkey][i]
+  batch = _vmapped(entry, pair, side)
+  if batch is not None:
+    return batch[i]
   slot = (dkey, i)
   if slot not in cache.outputs:
     cache.outputs[slot] = entry.release(shared_key(i), data)
@@ -338,44 +445,54 @@ def noise_draws(entry: reg.ReleasePoint, slow: bool = False) -> tuple[int, int]:
   (looped) releases: ``LOOP_FAST_MISS`` unless ``slow``, at most
   ``MAX_LOOP_DRAWS``.
   """
-  spec = entry.noise
   d = as_vector(entry, output_at(entry, 0, 0, 0)).size  # also decides vmappability
-  step = parse_support(entry.support)[1] if spec.kind.startswith("discrete") else None
-  scale_mean = float(np.mean(np.asarray(spec.scale, dtype=np.float64)))
   miss = NOISE_MISS if slow or is_vmappable(entry) else LOOP_FAST_MISS
-  needed = (coordinates_needed(spec.kind, round(scale_mean, 12), step, miss) if step
-            else coordinates_needed(spec.kind, miss=miss))
-  draws = max(2, math.ceil(needed / max(d, 1)))
+  draws = _draws(entry, d, miss)
   if not is_vmappable(entry):
     draws = min(draws, MAX_LOOP_DRAWS)
-  return min(draws, MAX_VMAP_DRAWS), d
+  return draws, d
+
+
+def _draws(entry: reg.ReleasePoint, d: int, miss: float) -> int:
+  """Releases of ``d`` noise coordinates that give the noise test miss probability ``miss``."""
+  spec = entry.noise
+  step = parse_support(entry.support)[1] if spec.kind.startswith("discrete") else None
+  scale_mean = float(np.mean(np.asarray(spec.scale, dtype=np.float64)))
+  needed = (coordinates_needed(spec.kind, round(scale_mean, 12), step, miss) if step
+            else coordinates_needed(spec.kind, miss=miss))
+  return min(max(2, math.ceil(needed / max(d, 1))), MAX_VMAP_DRAWS)
 
 
 def bulk_outputs(entry: reg.ReleasePoint, side: int, num: int) -> Batch:
-  """``num`` releases on the first pair's ``side`` under the bulk keys (cached, shared).
+  """``num`` releases on the first pair's ``side``: shared keys, then bulk keys (cached).
 
-  Vmapped: one batch of ``max(noise draws, audit trials)`` for both sides (one
-  compiled shape). Looped: the outputs of the first ``REPLAY_KEYS`` shared keys
-  on this dataset (computed for replay / no_nonprivate anyway; independent keys,
-  distinct from the bulk keys) come first, then the bulk keys, extended lazily,
-  so no fit is run that no check uses. Either way the keys of the i-th output
-  are fixed (reproducible verdicts, whatever ran before).
+  Vmapped: the dataset's cached batch (:func:`_vmapped`: the ``SHARED_KEYS``
+  shared keys, then the bulk keys of ``side``; one compiled shape for every
+  check), rerun with more bulk keys only if ``num`` exceeds it. Looped: the
+  outputs of the first ``REPLAY_KEYS`` shared keys on this dataset (computed for
+  replay / no_nonprivate anyway) come first, then the bulk keys, extended
+  lazily, so no fit is run that no check uses. Either way the keys of the i-th
+  output are fixed and distinct within a side (independent draws; reproducible
+  verdicts, whatever ran before).
   """
   cache = _cache(entry)
   data = pairs_of(entry)[0][side]
   output_at(entry, 0, 0, 0)  # decides vmappability
   if is_vmappable(entry):
-    size = max(num, noise_draws(entry)[0] if _applies(entry, "noise") else 0,
-               entry.audit.trials if _applies(entry, "audit") else 0)
+    batch = _vmapped(entry, 0, side)
+    if batch is not None and len(batch) >= num:
+      return batch
     have = cache.bulk.get(side)
-    if have is None or len(have) < num:
-      batch = _try_vmap(entry, bulk_keys(side, 0, size), data)
+    if have is not None and len(have) >= num:
+      return have
+    if batch is not None:  # one larger batch of the same keys (the same size for both sides)
+      size = max(num, bulk_size(entry))
+      keys = jax.numpy.concatenate([keys_for("shared", SHARED_KEYS),
+                                    bulk_keys(side, 0, size - SHARED_KEYS)])
+      batch = _try_vmap(entry, keys, data)
       if batch is not None:
         cache.bulk[side] = batch
         return batch
-      cache.bulk.pop(side, None)
-    else:
-      return have
   have = cache.bulk.get(side)
   items = list(have.items) if have is not None and have.items is not None else []
   if not items:
@@ -638,7 +755,8 @@ def check_fresh(entry: reg.ReleasePoint, process_digests: Optional[list[dict]] =
     # Same program, same key: the bits must agree (a vmapped slice is compared only
     # with vmapped slices of the same batch shape).
     a = as_vector(entry, output_at(entry, 0, 0, 0))
-    again = run_batch(entry, jax.numpy.stack([shared_key(0)] * SHARED_KEYS), data)
+    size = len(_vmapped(entry, 0, 0))
+    again = run_batch(entry, jax.numpy.broadcast_to(shared_key(0), (size,)), data)
     b = as_vector(entry, again[0])
     if not np.array_equal(as_vector(entry, again[1]), b, equal_nan=True):
       _fail(entry, "fresh", "the same explicit key gave two different outputs in one batch (an "

@@ -664,12 +664,24 @@ for _name, _reason in {
     "jaxdp.classic.PrivateLinearRegression.predict": _PREDICT,
     "jaxdp.classic.PrivateNaiveBayes.predict": _PREDICT,
     "jaxdp.classic.PrivateRandomTrees.predict": _PREDICT,
+    "jaxdp.classic.PrivateNaiveBayes.predict_proba": _PREDICT,
+    "jaxdp.classic.PrivateNaiveBayes.predict_log_proba": _PREDICT,
+    "jaxdp.classic.PrivateRandomTrees.predict_proba": _PREDICT,
     "jaxdp.training.functional_mechanism.functional_mechanism_calibration": _CAL,
     "jaxdp.training.functional_mechanism.FunctionalMechanismCalibration":
         "a NamedTuple of public calibration numbers",
 }.items():
   reg.not_a_release_point(_name, _reason)
 
-# Estimator fits are host-side (Python objects, an accountant, a fit counter): looped
-# from the start instead of paying a failed vmap attempt first.
+# Estimator fits are host-side (Python objects, an accountant, a fit counter), and so are
+# the functions that finish on the host (numpy on the noisy statistics: the grid
+# quantiles, the naive-Bayes and PCA post-processing, k-means' centroid updates, the
+# functional mechanism's minimiser): looped from the start instead of paying a failed
+# vmap attempt first. The random trees vmap (their counts are arrays; the event is put
+# back by the checks).
 cc.host_side(*[_n for _n in reg.REGISTRY if _n.startswith("jaxdp.classic.Private")])
+cc.host_side(*[_n for _n in reg.REGISTRY if _n.startswith((
+    "jaxdp.classic.private_quantile", "jaxdp.classic.private_bounds",
+    "jaxdp.classic.private_naive_bayes", "jaxdp.classic.dp_lloyd",
+    "jaxdp.classic.sample_aggregate_kmeans", "jaxdp.classic.private_pca",
+    "jaxdp.classic.private_linear_regression", "jaxdp.training.functional_mechanism_fit"))])

@@ -395,6 +395,7 @@ for _name, _reason in {
 }.items():
   reg.not_a_release_point(_name, _reason)
 
-# Each call builds and compiles its own jitted step (a host-side loop over calls): the
-# checks loop from the start (the transforms above are vmapped).
-cc.host_side("jaxdp.training.dpsgd.train_dpsgd", "jaxdp.training.dpsgd.PrivateSGD.step")
+# train_dpsgd returns a DPSGDResult, which is not a pytree of arrays: its checks loop
+# from the start (each call builds and compiles its own jitted step). PrivateSGD.step,
+# linear_dpsgd and the transforms above are vmapped over the key (one trace per batch).
+cc.host_side("jaxdp.training.dpsgd.train_dpsgd")

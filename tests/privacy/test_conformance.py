@@ -20,7 +20,7 @@ import conformance_registry as reg
 REGISTRY = reg.load_all()
 NAMES = sorted(REGISTRY)
 # Entry by entry (so the per-entry caches are reused), except the fresh checks, which
-# come last: their two subprocesses run meanwhile (see fresh_process_digests).
+# come last: their two subprocesses start then (see fresh_process_digests).
 CASES = ([(name, check) for name in NAMES for check in ("schema",) + cc.CHECKS if check != "fresh"]
          + [(name, "fresh") for name in NAMES])
 
@@ -35,12 +35,14 @@ def _entry_or_skip(name: str, check: str) -> reg.ReleasePoint:
   return entry
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def fresh_process_digests(request):
   """``fresh(D)`` of every selected keyless entry in two separate processes.
 
-  Started when the session starts, so the processes run while the other checks
-  do; the fresh tests (last) collect them.
+  Started by the first fresh test (the fresh tests come last): by then this run's
+  other checks have compiled the same releases into the run's shared compilation
+  cache (tests/conftest.py), which the two processes read instead of compiling
+  every keyless release again, each, while the other checks run.
   """
   selected = {item.callspec.params.get("name") for item in request.session.items
               if getattr(item, "callspec", None) and item.callspec.params.get("check") == "fresh"}

@@ -1,11 +1,20 @@
 """Tests of the jitted, vmappable L-BFGS driver (jaxdp/training/lbfgs.py)."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from jaxdp.training.lbfgs import minimize_lbfgs
+
+
+@functools.partial(jax.jit, static_argnames=("max_iter",))
+def _solve_quadratic(a, b, tol, max_iter=500):
+  """argmin 0.5 w^T A w - b^T w from zero; one compilation per shape, shared by the tests."""
+  return minimize_lbfgs(lambda w: 0.5 * w @ a @ w - b @ w, jnp.zeros(b.shape), tol=tol,
+                        max_iter=max_iter)
 
 
 def _quadratic_problem(seed: int, d: int = 6):
@@ -18,8 +27,7 @@ def _quadratic_problem(seed: int, d: int = 6):
 
 def test_quadratic_minimum_matches_linear_solve():
   a, b = _quadratic_problem(0)
-  fun = lambda w: 0.5 * w @ a @ w - b @ w
-  w, info = jax.jit(lambda: minimize_lbfgs(fun, jnp.zeros(6), tol=1e-5))()
+  w, info = _solve_quadratic(a, b, 1e-5)
   expected = np.linalg.solve(np.asarray(a, np.float64), np.asarray(b, np.float64))
   np.testing.assert_allclose(w, expected, rtol=1e-4, atol=1e-4)
   assert bool(info.converged)
@@ -29,16 +37,16 @@ def test_quadratic_minimum_matches_linear_solve():
 
 def test_pytree_params_and_rosenbrock():
   fun = lambda p: (1.0 - p["x"]) ** 2 + 100.0 * (p["y"] - p["x"] ** 2) ** 2
-  p, info = minimize_lbfgs(fun, {"x": jnp.asarray(-1.2), "y": jnp.asarray(1.0)}, tol=1e-4,
-                           max_iter=300)
+  # jitted: one compilation instead of the eager dispatch of the code around the loop.
+  p, info = jax.jit(lambda p0: minimize_lbfgs(fun, p0, tol=1e-4, max_iter=300))(
+      {"x": jnp.asarray(-1.2), "y": jnp.asarray(1.0)})
   assert bool(info.converged)
   np.testing.assert_allclose([p["x"], p["y"]], [1.0, 1.0], atol=1e-3)
 
 
 def test_iteration_cap_reports_not_converged():
   a, b = _quadratic_problem(1, d=20)
-  fun = lambda w: 0.5 * w @ a @ w - b @ w
-  _, info = minimize_lbfgs(fun, jnp.zeros(20), tol=1e-8, max_iter=2)
+  _, info = _solve_quadratic(a, b, 1e-8, max_iter=2)
   assert int(info.num_iter) == 2
   assert not bool(info.converged)
   assert float(info.grad_norm) > 1e-8
@@ -49,13 +57,11 @@ def test_vmap_equals_loop():
   a = jnp.stack([p[0] for p in problems])
   b = jnp.stack([p[1] for p in problems])
 
-  def solve(ai, bi):
-    return minimize_lbfgs(lambda w: 0.5 * w @ ai @ w - bi @ w, jnp.zeros(6), tol=1e-6)
-
-  w_batch, info_batch = jax.jit(jax.vmap(solve))(a, b)
-  solve_one = jax.jit(solve)
+  # vmap of the jitted solver (one batched compilation); the loop reuses the single-problem
+  # compilation of test_quadratic_minimum_matches_linear_solve (same shapes).
+  w_batch, info_batch = jax.vmap(_solve_quadratic, in_axes=(0, 0, None))(a, b, 1e-6)
   for i in range(4):
-    w_i, info_i = solve_one(a[i], b[i])
+    w_i, info_i = _solve_quadratic(a[i], b[i], 1e-6)
     np.testing.assert_allclose(w_batch[i], w_i, rtol=1e-5, atol=1e-5)
     assert bool(info_batch.converged[i]) and bool(info_i.converged)
 

@@ -81,7 +81,8 @@ def test_softmax_matches_sklearn_objective():
   assert bool(model.info.converged)
   sk = LogisticRegression(C=1.0 / (n * lam), fit_intercept=False, tol=1e-10, max_iter=10_000)
   sk.fit(x.astype(np.float64), y)
-  obj = lambda w: float(linear.linear_objective(jnp.asarray(w, jnp.float32), x, y, l2_reg=lam))
+  objective = jax.jit(lambda w: linear.linear_objective(w, x, y, l2_reg=lam))
+  obj = lambda w: float(objective(jnp.asarray(w, jnp.float32)))
   sk_obj, our_obj = obj(sk.coef_.T), float(model.info.value)
   assert abs(our_obj - sk_obj) / abs(sk_obj) < 1e-4
   np.testing.assert_allclose(our_obj, obj(model.weights), rtol=1e-6)
@@ -94,8 +95,8 @@ def test_binary_logistic_matches_sklearn_objective():
   assert model.weights.shape == (x.shape[1],) and bool(model.info.converged)
   sk = LogisticRegression(C=1.0 / (n * lam), fit_intercept=False, tol=1e-10, max_iter=10_000)
   sk.fit(x.astype(np.float64), y)
-  sk_obj = float(linear.linear_objective(jnp.asarray(sk.coef_[0], jnp.float32), x, y,
-                                         loss="logistic", l2_reg=lam))
+  sk_obj = float(jax.jit(lambda w: linear.linear_objective(w, x, y, loss="logistic", l2_reg=lam))(
+      jnp.asarray(sk.coef_[0], jnp.float32)))
   assert abs(float(model.info.value) - sk_obj) / sk_obj < 1e-4
   # {-1, 1} labels give the same model as {0, 1}.
   model_pm = linear.fit_linear(x, 2 * y - 1, loss="logistic", l2_reg=lam)
@@ -105,8 +106,8 @@ def test_binary_logistic_matches_sklearn_objective():
 def test_huber_solution_is_stationary():
   x, y = _data(c=2)
   model = linear.fit_linear(x, y, loss="huber", h=0.4, l2_reg=1e-2, tol=1e-6)
-  grad = jax.grad(lambda w: linear.linear_objective(w, x, y, loss="huber", h=0.4, l2_reg=1e-2))(
-      model.weights)
+  grad = jax.jit(jax.grad(lambda w: linear.linear_objective(w, x, y, loss="huber", h=0.4,
+                                                            l2_reg=1e-2)))(model.weights)
   assert bool(model.info.converged)
   assert float(jnp.linalg.norm(grad)) <= 2e-6
 
@@ -116,7 +117,7 @@ def test_linear_term_and_extra_l2_shift_the_minimiser():
   x, y = _data()
   b = jnp.asarray(np.random.default_rng(3).normal(size=(8, 3)) * 0.1, jnp.float32)
   model = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2, linear_term=b, extra_l2=0.05)
-  g = jax.grad(lambda w: linear.data_loss(w, x, y))(model.weights)
+  g = jax.jit(jax.grad(lambda w: linear.data_loss(w, x, y)))(model.weights)
   np.testing.assert_allclose(g + 0.06 * model.weights + b, 0.0, atol=3e-6)
 
 
@@ -184,7 +185,7 @@ def test_fit_linear_under_user_vmap_over_lambda():
 def test_private_fit_entry_point_warm_start_and_solver(solver):
   """linear._fit(..., init=, solver=) (used by the private methods): a start at the solution
   stops at once; both solvers reach the same minimiser, also batched (fit_linear_batched)."""
-  x, y = _data(n=150)
+  x, y = _data(n=120)  # the shapes of the tests above: their compiled fits are reused
   xj, yj = jnp.asarray(x), jnp.asarray(y)
   args = (xj, yj, 1e-2, 0.5, jnp.zeros(()), 0.0, 1e-6)
   kw = dict(loss="softmax", num_classes=3, max_iter=500, has_linear=False, solver=solver)
@@ -194,7 +195,7 @@ def test_private_fit_entry_point_warm_start_and_solver(solver):
   assert int(warm.info.num_iter) <= 1 < int(cold.info.num_iter)
   ref = linear.fit_linear(x, y, num_classes=3, l2_reg=1e-2, solver="glm").weights
   np.testing.assert_allclose(cold.weights, ref, atol=2e-4)  # tol / lambda = 1e-4 each
-  batch = linear.fit_linear_batched(np.stack([x, x]), np.stack([y, y]), num_classes=3,
+  batch = linear.fit_linear_batched(np.stack([x, x, x]), np.stack([y, y, y]), num_classes=3,
                                     l2_reg=1e-2, solver=solver, batch_mode="map")
   np.testing.assert_allclose(batch.weights[1], ref, atol=2e-4)
 

@@ -6,7 +6,7 @@ import numpy as np
 from jaxdp.training import functional_mechanism, objective_perturbation, output_perturbation
 
 
-def _data(n=40, d=3, c=2, seed=0):
+def _data(n=60, d=3, c=2, seed=0):  # the (60, 3) shape of the other files' fits (shared compiles)
   rng = np.random.default_rng(seed)
   x = rng.normal(size=(n, d))
   x = (x / np.linalg.norm(x, axis=1, keepdims=True) * 0.9).astype(np.float32)

@@ -213,7 +213,7 @@ def test_released_result_holds_no_nonprivate_value(method):
   but ``weights`` must be public: identical across keys AND across neighbouring datasets; the
   weights differ across keys and are never the certified non-private minimiser."""
   from jaxdp.training import objective_perturbation as obp  # pylint: disable=import-outside-toplevel
-  x, y = _data(n=30, d=3, c=2)
+  x, y = _data(n=60, d=3, c=2)  # the shape of the (60, 3) fits of test_objective_perturbation
   x2, y2 = x.copy(), y.copy()
   x2[0], y2[0] = -x[0], 1 - y[0]  # replace-one neighbour: a record on the sphere, label flipped
   run = {

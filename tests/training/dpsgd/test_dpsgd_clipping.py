@@ -248,7 +248,7 @@ def test_padded_batch_carries_its_mask():
                                y[np.array([3, 7, 11, 20])], 0.5)
   # The natural call is correct: no padding in `indices`.
   np.testing.assert_array_equal(chunk.indices, [3, 7, 11, 20])
-  g_plain, info_plain = fn(params, x[chunk.indices], y[chunk.indices])
+  g_plain, info_plain = jax.jit(fn)(params, x[chunk.indices], y[chunk.indices])
   chex.assert_trees_all_close(g_plain, expected, rtol=1e-5, atol=1e-6)
   # The static-shape call: the mask travels inside the batch (also through jit).
   batch = chunk.gather(x, y)
@@ -268,7 +268,7 @@ def test_padded_batch_carries_its_mask():
     return scale * loss(p, xi, yi)
 
   fn3 = clipping.clipped_grad(loss3, l2_clip_norm=0.5, batch_argnums=(1, 3), microbatch_size=3)
-  g3, _ = fn3(params, batch, 1.0)
+  g3, _ = jax.jit(fn3)(params, batch, 1.0)
   chex.assert_trees_all_close(g3, expected, rtol=1e-5, atol=1e-6)
 
 

@@ -91,9 +91,16 @@ class GhostNormsTest(parameterized.TestCase):
   @parameterized.named_parameters(*[(n, n) for n in _CASES])
   def test_per_example_norms_match_vmap(self, name):
     loss, params, x, y = _setup(name)
-    sq = ghost_norms.per_example_sq_norms(loss, params, x, y, batch_argnums=(1, 2))
-    grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(params, x, y)
-    ref = jax.tree.map(lambda g: jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1), grads)
+    # Jitted: one compilation each, instead of one per primitive run op by op.
+    sq = jax.jit(lambda p, a, b: ghost_norms.per_example_sq_norms(
+        loss, p, a, b, batch_argnums=(1, 2)))(params, x, y)
+
+    @jax.jit
+    def reference(p, a, b):
+      grads = jax.vmap(jax.grad(loss), in_axes=(None, 0, 0))(p, a, b)
+      return jax.tree.map(lambda g: jnp.sum(jnp.square(g.reshape(g.shape[0], -1)), axis=1), grads)
+
+    ref = reference(params, x, y)
     for a, b in zip(jax.tree.leaves(sq), jax.tree.leaves(ref)):
       np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-10)
 
@@ -122,13 +129,14 @@ class GhostNormsTest(parameterized.TestCase):
       np.testing.assert_allclose(info.loss_sum, ref_info.loss_sum, rtol=1e-5)
 
   _ALL = ((False, "c"), (True, "c"), (True, "tree"))
-  # Default run: one configuration per model, every configuration on some model (each one
-  # compiles a vmap and a ghost clipped gradient); the slow test runs all three on every model.
-  # The ResNet (the costliest compilation) is in the slow test only: its layers (conv, GroupNorm,
-  # dense) are covered here by "cnn" and "unsupported", and its ghost norms by
-  # test_per_example_norms_match_vmap_resnet_gn.
-  _DEFAULT = {"mlp": ((False, "c"),), "embedding": ((True, "c"),), "unsupported": ((True, "tree"),),
-              "cnn": ((True, "tree"),)}
+  # Default run: every configuration on some model, and every layer kind (dense, embedding,
+  # LayerNorm, conv, GroupNorm, the vmap fallback) in some model (each one compiles a vmap and a
+  # ghost clipped gradient); test_clipped_sum_matches_vmap_all_configurations_slow runs all three
+  # on every model. The ResNet and the CNN (the costliest compilations) are in the slow test
+  # only: their layers (conv, GroupNorm, dense) are covered here by "unsupported", their ghost
+  # norms by test_per_example_norms_match_vmap_{resnet_gn,cnn}, and the CNN's ghost clipped sum
+  # by test_microbatches_and_aux.
+  _DEFAULT = {"mlp": ((False, "c"),), "embedding": ((True, "c"),), "unsupported": ((True, "tree"),)}
 
   @parameterized.named_parameters(*[(n, n) for n in _DEFAULT])
   def test_clipped_sum_matches_vmap_with_mask_and_per_layer(self, name):
@@ -168,8 +176,8 @@ class GhostNormsTest(parameterized.TestCase):
     self.assertNotIn("['Dense_0']['kernel']", plan.fallback_paths)
     self.assertNotIn(("Dense_1",), [c.path for c in plan.calls])
     kw = dict(l2_clip_norm=0.5, batch_argnums=(1, 2))
-    ref, _ = clipping.clipped_grad(loss, method="vmap", **kw)(params, x, y)
-    got, _ = clipping.clipped_grad(loss, method="ghost", **kw)(params, x, y)
+    ref, _ = jax.jit(clipping.clipped_grad(loss, method="vmap", **kw))(params, x, y)
+    got, _ = jax.jit(clipping.clipped_grad(loss, method="ghost", **kw))(params, x, y)
     self.assertLess(_rel_err(got, ref), 1e-4)
 
   def test_clipped_contribution_never_exceeds_clip_norm(self):
@@ -203,9 +211,10 @@ class GhostNormsTest(parameterized.TestCase):
 
   def test_default_method_is_ghost(self):
     loss, params, x, y = _setup("mlp")
-    g_default, _ = clipping.clipped_grad(loss, l2_clip_norm=0.2, batch_argnums=(1, 2))(params, x, y)
-    g_ghost, _ = clipping.clipped_grad(loss, l2_clip_norm=0.2, batch_argnums=(1, 2),
-                                       method="ghost")(params, x, y)
+    g_default, _ = jax.jit(clipping.clipped_grad(loss, l2_clip_norm=0.2, batch_argnums=(1, 2)))(
+        params, x, y)
+    g_ghost, _ = jax.jit(clipping.clipped_grad(loss, l2_clip_norm=0.2, batch_argnums=(1, 2),
+                                               method="ghost"))(params, x, y)
     chex.assert_trees_all_equal(g_default, g_ghost)
 
   def test_memory_does_not_hold_per_example_gradients(self):
@@ -247,9 +256,15 @@ def test_conv_patches_reproduce_the_convolution(conv_kwargs):
   nd = len(conv_kwargs["kernel_size"])
   x = jax.random.normal(jax.random.key(0), (3, 1) + (11,) * nd + (5,))
   variables = m.init(jax.random.key(1), x[0])
-  out = jax.vmap(lambda xi: m.apply(variables, xi))(x)
+  out = jax.jit(jax.vmap(lambda xi: m.apply(variables, xi)))(x)
   call = ghost_norms._Call(0, "conv", (), m, {}, x.shape[1:], x.dtype, out.shape[1:], out.dtype, True)
-  patches = ghost_norms._conv_patches(call, x)
   kernel = variables["params"]["kernel"]
-  y = jnp.einsum("btk,kp->btp", patches, kernel.reshape(-1, kernel.shape[-1])) + variables["params"]["bias"]
+
+  @jax.jit
+  def from_patches(xs):
+    patches = ghost_norms._conv_patches(call, xs)
+    return (jnp.einsum("btk,kp->btp", patches, kernel.reshape(-1, kernel.shape[-1]))
+            + variables["params"]["bias"])
+
+  y = from_patches(x)
   np.testing.assert_allclose(np.asarray(y), np.asarray(out).reshape(y.shape), rtol=1e-5, atol=1e-5)

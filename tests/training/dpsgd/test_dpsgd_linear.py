@@ -36,10 +36,12 @@ def test_closed_form_clipped_sum_matches_generic_per_example_clipping():
   mask[idx] = True
   csum = jnp.cumsum(jnp.asarray(mask), dtype=jnp.int32)
   clip = 0.3
-  got = dlinear._clipped_chunk_sum(w, jnp.asarray(x), jnp.asarray(y), csum, csum[-1], 0,
-                                   padded=len(idx) + 5, safe_clip=clip, num_classes=4)
-  ref, _ = clipping.clipped_grad(_ce, l2_clip_norm=clip, batch_argnums=(1, 2), method="vmap")(
-      w, x[idx], y[idx])
+  # Jitted: one compilation each, instead of one per primitive run op by op.
+  got = jax.jit(lambda *a: dlinear._clipped_chunk_sum(*a, 0, padded=len(idx) + 5, safe_clip=clip,
+                                                      num_classes=4))(
+      w, jnp.asarray(x), jnp.asarray(y), csum, csum[-1])
+  ref, _ = jax.jit(clipping.clipped_grad(_ce, l2_clip_norm=clip, batch_argnums=(1, 2),
+                                         method="vmap"))(w, x[idx], y[idx])
   np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-6)
 
 

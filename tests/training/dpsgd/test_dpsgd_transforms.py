@@ -82,7 +82,7 @@ class NoisyAggregateTest(chex.TestCase):
     tx = transforms.dp_optimizer(optax.adam(1e-2), noise_multiplier=1.0, l2_sensitivity=grad_fn.sensitivity,
                                  expected_batch_size=16.0, key=jax.random.key(5))
     state = tx.init(params)
-    g, _ = grad_fn(params, x, y)
+    g, _ = jax.jit(grad_fn)(params, x, y)
     u, state = jax.jit(tx.update)(g, state, params)
     chex.assert_trees_all_equal_shapes(u, params)
     chex.assert_tree_all_finite(u)
