@@ -417,12 +417,8 @@ class PrivateNaiveBayes(checks.SharedAccountantMixin, ClassifierMixin, BaseEstim
   releasing anything. ``noise``: ``"discrete"`` (default) or ``"continuous"``,
   as :func:`private_naive_bayes`.
 
-  ``classes``: the PUBLIC label set (any sortable labels, e.g.
-  ``["<=50K", ">50K"]``), fixed before seeing the data, as
-  :class:`jaxdp.training.PrivateLogisticRegression`: ``classes_`` is it,
-  sorted, and ``predict`` returns its labels. A label of ``y`` outside it raises
-  ``ValueError`` before anything is spent. ``None`` reads the set off ``y``
-  (``np.unique``), which is NOT private, and warns.
+  ``classes``: the PUBLIC label set, as for every jaxdp estimator
+  (:func:`jaxdp._estimator_checks.encode_labels`; ``None`` is NOT private and warns).
 
   One-hot / categorical data. Give every 0/1 indicator column (a one-hot
   encoded category, a yes/no flag) to ``categorical_features`` with

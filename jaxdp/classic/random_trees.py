@@ -276,12 +276,8 @@ class PrivateRandomTrees(checks.SharedAccountantMixin, ClassifierMixin, BaseEsti
 
   ``noise``: ``"discrete"`` (default) or ``"continuous"``, as :func:`private_random_trees`.
 
-  ``classes``: the PUBLIC label set (any sortable labels, e.g.
-  ``["<=50K", ">50K"]``), fixed before seeing the data, as
-  :class:`jaxdp.training.PrivateLogisticRegression`: ``classes_`` is it,
-  sorted, and ``predict`` returns its labels. A label of ``y`` outside it raises
-  ``ValueError`` before anything is spent. ``None`` reads the set off ``y``
-  (``np.unique``), which is NOT private, and warns.
+  ``classes``: the PUBLIC label set, as for every jaxdp estimator
+  (:func:`jaxdp._estimator_checks.encode_labels`; ``None`` is NOT private and warns).
 
   scikit-learn conventions, a shared ``accountant`` and the noise-key rule
   (``seed=None``: fresh OS entropy per fit):
