@@ -91,6 +91,11 @@ def get_config(figure: str = "fig1") -> ml_collections.ConfigDict:
       # (3 epochs), with {1, 4} it reaches 0.899 at eps = 1 (docs/results.md).
       clip_norms=(0.05, 0.5), learning_rates=(1.0, 4.0), epochs=0.0,  # 0 -> preset
       expected_batch_size=1000.0, momentum=0.9))
+  # ONE neighbouring relation for every method of a figure (docs/results.md, section 1):
+  # "replace_one" (every method; DP-SGD by the PLD of the replace-one subsampled Gaussian)
+  # or "add_remove" (the relation of the paper's loss perturbation proof, App. B.2, and of
+  # DP-SGD; methods: non_private, loss_perturbation, dpsgd).
+  config.neighbouring = "replace_one"
   config.validation_fraction = 0.2
   config.num_seeds = 0                  # noise draws per point (paper: 100), one batched call
   config.val_seeds = 0                  # noise draws per candidate hyper-parameter

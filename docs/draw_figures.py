@@ -60,6 +60,8 @@ class Figure(NamedTuple):
 FIGURES = {
     "tradeoffs_fig1_digits": Figure("tradeoffs", ("tradeoffs_fig1_digits.csv",), "fig1", "digits"),
     "tradeoffs_fig1_mnist": Figure("tradeoffs", ("tradeoffs_fig1_mnist.csv",), "fig1", "mnist"),
+    "tradeoffs_fig1_mnist_add_remove": Figure(
+        "tradeoffs", ("tradeoffs_fig1_mnist_add_remove.csv",), "fig1", "mnist"),
     "tradeoffs_fig2_mnist": Figure("tradeoffs", ("tradeoffs_fig2_mnist.csv",), "fig2", "mnist"),
     "tradeoffs_fig3_mnist": Figure("tradeoffs", ("tradeoffs_fig3_mnist.csv",), "fig3", "mnist"),
     "tradeoffs_fig4_mnist": Figure("tradeoffs", ("tradeoffs_fig4_mnist.csv",), "fig4", "mnist"),
@@ -106,9 +108,9 @@ class Table(NamedTuple):
 # docs/results.md block <!-- generated:<name> --> <- docs/data/<csv>.
 TABLES = {
     "tradeoffs_fig1_digits": Table("tradeoffs_fig1_digits.csv", "fig1", "digits"),
-    "tradeoffs_fig1_mnist": Table(
-        "tradeoffs_fig1_mnist.csv", "fig1", "mnist",
-        extra=(("tradeoffs_fig1_mnist_dpsgd_lr1.csv", ", learning rate 1 only"),)),
+    "tradeoffs_fig1_mnist": Table("tradeoffs_fig1_mnist.csv", "fig1", "mnist"),
+    "tradeoffs_fig1_mnist_add_remove": Table("tradeoffs_fig1_mnist_add_remove.csv", "fig1",
+                                             "mnist"),
     "tradeoffs_fig2_mnist": Table("tradeoffs_fig2_mnist.csv", "fig2", "mnist"),
     "tradeoffs_fig3_mnist": Table("tradeoffs_fig3_mnist.csv", "fig3", "mnist"),
     "tradeoffs_fig4_mnist": Table("tradeoffs_fig4_mnist.csv", "fig4", "mnist"),
@@ -196,7 +198,22 @@ def _tradeoffs_config(figure: str, dataset: str, rows: list[dict]):
     if config.axis != "budget" and budgets:
       (config.budget,) = budgets
     config.account_selection = any(r.get("selection") == "exponential_mechanism" for r in rows)
+    config.neighbouring = relation(rows)
   return config
+
+
+def relation(rows: list[dict]) -> str:
+  """The one neighbouring relation of a tradeoffs figure's private rows; raises if they mix.
+
+  Rows written before the ``neighbouring`` column existed are replace-one, except DP-SGD's
+  (add/remove, the only relation DP-SGD was accounted for then).
+  """
+  found = {r.get("neighbouring") or ("add_remove" if r["method"] == "dpsgd" else "replace_one")
+           for r in rows if r["method"] != "non_private"}
+  if len(found) != 1:
+    raise ValueError(f"a figure compares its methods under ONE neighbouring relation; these rows "
+                     f"mix {sorted(found)}.")
+  return found.pop()
 
 
 def _multiparty_title(rows: list[dict]) -> str:

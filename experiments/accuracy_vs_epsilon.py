@@ -134,6 +134,9 @@ class _NonPrivateFits:
     return jnp.asarray(self.certified(split, l2_reg), jnp.float32)
 
 
+_AMP_FRACTION = 0.01  # loss_perturbation's default share of epsilon for the output noise (AMP)
+
+
 def private_models(method, keys, split, l2_reg, eps, delta, *, splits, fits, num_classes, config,
                    timings=None):
   """``(M, D, C)`` weights of ``method`` on ``split`` (``"fit"`` or ``"full"``), one per key."""
@@ -152,10 +155,22 @@ def private_models(method, keys, split, l2_reg, eps, delta, *, splits, fits, num
     # (objective_tol < 0: the AMP default, output noise ~1% of the objective noise).
     init = fits(split, l2_reg) if config.warm_start else None
     start = time.time()
+    relation = config.get("neighbouring", "replace_one")
+    if relation == "add_remove":
+      # Paper 000 App. B.2 (add/remove): l2_reg = 0 and rho = lambda N + 2LC/eps_1, with
+      # eps_1 = (1 - amp_fraction) eps the objective's share under AMP: the same mean
+      # objective as the replace-one fit at lambda (extra_l2 = rho / N).
+      eps_objective = (1.0 - _AMP_FRACTION) * eps
+      relaxed = dict(l2_reg=0.0, neighbouring="add_remove", amp_fraction=_AMP_FRACTION,
+                     rho=float(l2_reg * x.shape[0] + objective_perturbation.loss_perturbation_rho(
+                         eps_objective, num_classes)))
+    else:
+      relaxed = dict(l2_reg=l2_reg)
     w = objective_perturbation.loss_perturbation(
-        keys, x, y, num_classes=num_classes, l2_reg=l2_reg, epsilon=eps, delta=delta,
+        keys, x, y, num_classes=num_classes, epsilon=eps, delta=delta,
         batch_mode=config.batch_mode, max_iter=config.max_iter,
-        tol=config.objective_tol if config.objective_tol > 0 else None, init_weights=init).weights
+        tol=config.objective_tol if config.objective_tol > 0 else None, init_weights=init,
+        **relaxed).weights
     if timings is not None:
       timings["loss_perturbation_fits"] += time.time() - start
       timings["loss_perturbation_count"] += int(np.shape(keys)[0])

@@ -18,8 +18,9 @@ Five private methods on a multiclass linear (softmax) model, each for a total
     the float64-certified minimiser, ``Delta = 2K/(N lambda) + 2 tol/lambda``;
   - ``loss_perturbation``: objective perturbation (App. B.2, Alg. 4 / 5), as
     Approximate Minima Perturbation certified in float64;
-  - ``dpsgd``: DP-SGD (Sec. 3.1, Eq. 4; delta > 0 only), Poisson sampling with
-    the RDP accountant, per-example clipping of the WHOLE gradient
+  - ``dpsgd``: DP-SGD (Sec. 3.1, Eq. 4; delta > 0 only), Poisson sampling
+    (RDP accountant under add/remove, PLD under replace-one), per-example
+    clipping of the WHOLE gradient
     (:func:`jaxdp.training.dpsgd.linear_dpsgd`), no L2 regularisation (Sec. 4.1);
 
 * private PREDICTION (noise calibrated to B answers):
@@ -35,6 +36,23 @@ methods) is subsample-and-aggregate at delta = 0 with the paper's printed
 ``beta = eps/B``: its answers are ``2 eps``-DP, not ``eps``-DP; it measures how
 much of the paper's delta = 0 advantage of subsample-and-aggregate comes from
 that factor of two.
+
+One neighbouring relation per figure (``config.neighbouring``). The paper's
+proofs use two: model sensitivity (Lemma 1, hence prediction sensitivity) and
+subsample-and-aggregate (one replaced example changes one teacher) are
+replace-one; loss perturbation (App. B.2) and DP-SGD are add/remove. Under
+ONE relation:
+
+* ``"replace_one"`` (default): every method; loss perturbation with its
+  replace-one constants (``||b' - b|| <= 2K``: half the paper's beta, see
+  :mod:`jaxdp.training.objective_perturbation`) and DP-SGD accounted by the PLD
+  of the replace-one subsampled Gaussian (:mod:`jaxdp.accounting.dpsgd_accounting`);
+* ``"add_remove"``: the methods with an add/remove proof: loss perturbation
+  with the paper's constants (``neighbouring="add_remove"``: ``l2_reg = 0`` and
+  ``rho = lambda N + 2LC/eps``, the same objective as the replace-one fit at
+  lambda) and DP-SGD (RDP). Model and prediction sensitivity calibrate to a
+  replace-one sensitivity, and subsample-and-aggregate's partition of the row
+  indices moves under an insertion, so they are refused under this relation.
 
 The calibrations are exactly those of ``experiments/prediction_vs_training.py``
 and ``experiments/accuracy_vs_epsilon.py``, whose helpers this script uses.
@@ -147,7 +165,9 @@ LABELS = dict(non_private="non-private", model_sensitivity="model sensitivity",
 # Config fields that change a point's result (the grid only selects points).
 RESULT_FIELDS = ("dataset", "l2_regs", "validation_fraction", "num_seeds", "val_seeds",
                  "max_iter", "tol", "objective_tol", "warm_start", "gaussian_method",
-                 "account_selection", "seed")
+                 "account_selection", "seed", "neighbouring")
+RELATIONS = ("replace_one", "add_remove")
+ADD_REMOVE_METHODS = ("non_private", "loss_perturbation", "dpsgd")
 # Fields that take presets[dataset] (else presets["digits"]) when left at these values.
 PRESET_FIELDS = {"axis_values": (), "epsilons": (), "l2_regs": (), "num_teachers": 0, "num_seeds": 0,
                  "val_seeds": 0, "objective_tol": 0.0}
@@ -194,6 +214,17 @@ def grid(config) -> list[tuple]:
     raise ValueError(f"config.methods must be a subset of {METHODS}, got {sorted(unknown)}.")
   if config.axis not in AXES:
     raise ValueError(f"config.axis must be one of {AXES}, got {config.axis!r}.")
+  if config.neighbouring not in RELATIONS:
+    raise ValueError(f"config.neighbouring must be one of {RELATIONS}, got "
+                     f"{config.neighbouring!r}.")
+  if config.neighbouring == "add_remove":
+    refused = sorted(set(config.methods) - set(ADD_REMOVE_METHODS))
+    if refused:
+      raise ValueError(
+          f"config.methods {refused} have no add/remove calibration (model and prediction "
+          "sensitivity calibrate to the replace-one sensitivity of Lemma 1; "
+          "subsample-and-aggregate's partition moves under an insertion): with "
+          f"config.neighbouring='add_remove' use a subset of {ADD_REMOVE_METHODS}.")
   base = dict(budget=int(config.budget), n_train=int(config.n_train),
               pca_dims=int(config.pca_dims), num_classes=int(config.num_classes),
               l2_reg=float(config.l2_reg), num_teachers=int(config.num_teachers))
@@ -321,10 +352,12 @@ def _split_budget(eps, delta, candidates, config):
 def _dpsgd_models(keys, prob, split, eps, delta, clip, lr, config):
   x, y = prob.splits[split]
   d = config.dpsgd
+  replace = config.neighbouring == "replace_one"
   return jdpsgd.linear_dpsgd(
       keys, x, y, num_classes=prob.num_classes, epsilon=eps, delta=delta, epochs=d.epochs,
       expected_batch_size=min(float(d.expected_batch_size), len(y) / 10.0), l2_clip_norm=clip,
-      learning_rate=lr, momentum=d.momentum, batch_mode=config.batch_mode).weights
+      learning_rate=lr, momentum=d.momentum, batch_mode=config.batch_mode,
+      neighbouring=config.neighbouring, accountant="pld" if replace else "rdp").weights
 
 
 def _eval_set(method, prob, split, budget, config):
@@ -404,6 +437,7 @@ def run_point(point, problem, keys, config) -> dict:
   accs = np.asarray(_release_accuracies(method, keys.for_(*point, "test", num=num), prob, "full",
                                         eps_r, delta_r, budget, hyper, config, keys), np.float64)
   row = dict(s, num_classes=prob.num_classes, n_train=prob.n["full"], augmented=prob.augmented,
+             neighbouring=config.neighbouring,
              num_features=prob.num_features, kind=("prediction" if method in PREDICTION
                                                    else "training"),
              l2_reg=float(hyper.get("l2_reg", 0.0)), num_teachers=int(hyper.get("num_teachers", 0)),
@@ -556,7 +590,9 @@ def plot(rows, config, path, metadata=None):
     ax.grid(alpha=0.3)
   draws = sorted({r["num_draws"] for r in rows if r["method"] != "non_private"})
   selection = "accounted" if config.account_selection else "not accounted, as in the paper"
-  note = fig.text(0.5, 0.005, f"Paper 000 {config.figure}. Mean test accuracy; bands ±1 s.d. over "
+  relation = config.get("neighbouring", "replace_one").replace("_", "-")
+  note = fig.text(0.5, 0.005, f"Paper 000 {config.figure}. Every method (ε, δ)-DP for {relation} "
+                  f"neighbours. Mean test accuracy; bands ±1 s.d. over "
                   f"{'/'.join(map(str, draws)) or '?'} noise draws;\nhyper-parameters chosen on a "
                   f"held-out split ({selection}).", ha="center", va="bottom", fontsize=7)
   top = _legend_below(fig, axes[0], note, ncol, rank)

@@ -84,14 +84,34 @@ def test_results_tables_are_generated_from_the_csvs():
     assert match, f"docs/results.md has no <!-- generated:{name} --> block"
     assert match.group(2) == "\n" + df.table(name) + "\n\n", (
         f"docs/results.md table {name} is not what its CSV gives: run python docs/draw_figures.py")
-  # The Fig. 1 rows are the config default's DP-SGD (learning rates {1, 4}), as the text says.
+  # The Fig. 1 DP-SGD rows are the config default's (learning rates {1, 4}), replace-one like
+  # every other row of the figure, as the text says.
   fig1 = df.table("tradeoffs_fig1_mnist").splitlines()
   eps = fig1[0].split(" | ")
   dpsgd = next(line for line in fig1 if line.startswith("| DP-SGD, δ=1e-05 |")).split(" | ")
-  assert dpsgd[eps.index("1")] == "0.899 ± 0.001"
+  assert dpsgd[eps.index("1")] == "0.898 ± 0.001"
   rows = [r for r in df.read_rows("tradeoffs_fig1_mnist.csv") if r["method"] == "dpsgd"]
-  assert {r["learning_rate"] for r in rows} == {1.0, 4.0}
-  assert {r["run"] for r in rows} == {"dpsgd_lr_grid"}
+  assert {r["learning_rate"] for r in rows} <= {1.0, 4.0}
+  assert {r["run"] for r in rows} == {"dpsgd_replace_one"}
+
+
+@pytest.mark.parametrize("name,want", [("tradeoffs_fig1_mnist.csv", "replace_one"),
+                                       ("tradeoffs_fig2_mnist.csv", "replace_one"),
+                                       ("tradeoffs_fig3_mnist.csv", "replace_one"),
+                                       ("tradeoffs_fig1_mnist_add_remove.csv", "add_remove")])
+def test_each_comparison_figure_holds_one_neighbouring_relation(name, want):
+  assert df.relation(df.read_rows(name)) == want
+
+
+def test_rows_mixing_relations_are_refused():
+  rows = df.read_rows("tradeoffs_fig1_mnist.csv")
+  mixed = rows + [dict(rows[-1], neighbouring="add_remove")]
+  with pytest.raises(ValueError, match="ONE neighbouring relation"):
+    df.relation(mixed)
+  # rows without the column: DP-SGD's were add/remove, the others replace-one
+  legacy = [{k: v for k, v in r.items() if k != "neighbouring"} for r in rows]
+  with pytest.raises(ValueError, match="mix"):
+    df.relation(legacy)
 
 
 def test_check_passes_on_the_committed_docs():

@@ -25,16 +25,21 @@ Accounting is float64 throughout.
 Neighbouring relations: each event carries the relation (and privacy unit)
 its mechanism's proof uses (see :mod:`jaxdp.accounting.events`). The ERM
 methods of papers 000/003 and the prediction methods are proven for
-replace-one neighbours, DP-SGD with Poisson sampling for add-or-remove-one.
+replace-one neighbours, DP-SGD with Poisson sampling for add-or-remove-one
+(or, with ``neighbouring="replace_one"``, for replace-one through the PLD
+analysis of the replace-one subsampled Gaussian).
 An accountant composes ONE relation and unit: it adopts the relation of the
 first tagged event (or the one it was created with) and refuses an event of
 another relation with a ValueError naming both. jaxdp does not convert inside
 the RDP/PLD machinery; convert a finished add/remove guarantee explicitly with
 :func:`~jaxdp.accounting.events.replace_one_from_add_remove` (group privacy,
 k = 2: (ε, δ) ⇒ (2ε, (1 + e^ε)δ)). Subsampled events are accepted under
-add/remove only: the amplification bounds used here (Poisson sampling, in
+add/remove, where the amplification bounds used here (Poisson sampling, in
 dp_accounting's ``ADD_OR_REMOVE_ONE`` mode and the pure-DP
-``log(1 + q(e^ε − 1))``) are proven for that relation. Every other event is
+``log(1 + q(e^ε − 1))``) are proven; under replace-one only a Poisson-sampled
+Gaussian is accepted, and only ``"pld"`` (and ``"auto"``) bounds it, in
+dp_accounting's ``REPLACE_ONE`` mode (see
+:func:`~jaxdp.accounting.events.replace_one_sampled_gaussian_std`). Every other event is
 composed with dp_accounting in its ``ADD_OR_REMOVE_ONE`` mode, which for an
 unsampled mechanism computes the privacy curve of noise scale / sensitivity,
 whatever relation that sensitivity was computed for.
@@ -108,9 +113,40 @@ class _RdpAccountant(rdp_privacy_accountant.RdpAccountant):
 
 
 class _PldAccountant(pld_privacy_accountant.PLDAccountant):
-  """dp_accounting's PLD accountant extended with jaxdp's events."""
+  """dp_accounting's PLD accountant extended with jaxdp's events.
+
+  ``replace_one_sampling=True`` (a replace-one ledger holding Poisson-sampled
+  Gaussian events): those events are composed in dp_accounting's
+  ``REPLACE_ONE`` mode at standard deviation
+  :func:`~jaxdp.accounting.events.replace_one_sampled_gaussian_std` (the
+  dominating pair of Zhu, Dong & Wang 2022); every other event as in the
+  add/remove mode (its noise multiplier is already relative to its own
+  replace-one sensitivity).
+  """
+
+  def __init__(self, replace_one_sampling: bool = False, **kwargs):
+    super().__init__(**kwargs)
+    self._replace_one_sampling = replace_one_sampling
 
   def _maybe_compose(self, event, count, do_compose):
+    if self._replace_one_sampling and isinstance(event, ev.PoissonSampledDpEvent):
+      inner = event.event
+      if not isinstance(inner, dpa_event.GaussianDpEvent):
+        return _CompositionError(
+            invalid_event=event,
+            error_message="only Poisson-sampled Gaussian events are accounted under replace_one.")
+      if do_compose and event.sampling_probability > 0:
+        if inner.noise_multiplier == 0:
+          self._contains_non_dp_event = True
+        else:
+          pld = pld_lib.from_gaussian_mechanism(
+              standard_deviation=ev.replace_one_sampled_gaussian_std(inner.noise_multiplier),
+              value_discretization_interval=self._value_discretization_interval,
+              sampling_prob=event.sampling_probability,
+              neighboring_relation=dpa_privacy_accountant.NeighboringRelation.REPLACE_ONE,
+          ).self_compose(count)
+          self._pld = self._pld.compose(pld)
+      return None
     params = _pure_event_params(event)
     if params is not None:
       eps, delta = params
@@ -309,10 +345,12 @@ class PrivacyAccountant:
             "neighbours; composing both gives a bound that holds under neither. Use one "
             "accountant per relation, or convert a finished add_remove guarantee with "
             "events.replace_one_from_add_remove(epsilon, delta) (2x epsilon, group privacy).")
-    if relation == ev.REPLACE_ONE and ev.contains_sampling(event):
+    if (relation == ev.REPLACE_ONE and ev.contains_sampling(event)
+        and not ev.sampling_is_replace_one_accountable(event)):
       raise ValueError(
-          "subsampled events are only supported for add_remove neighbours (the amplification "
-          "bounds used here are proven for that relation); this accountant composes replace_one.")
+          "under replace_one neighbours the only subsampled event accounted is a Poisson-sampled "
+          "GaussianDpEvent (by PLD); the other amplification bounds used here are proven for "
+          "add_remove neighbours only, and this accountant composes replace_one.")
     return relation
 
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
@@ -424,10 +462,17 @@ class PrivacyAccountant:
     if method in ("rdp", "pld"):
       if delta == 0.0:
         return self.get_epsilon(0.0, "pure") if method == "pld" else math.inf
-      # ADD_OR_REMOVE_ONE mode on purpose (see the module docstring): subsampled
-      # events only ever enter add_remove ledgers.
-      acc = _RdpAccountant() if method == "rdp" else _PldAccountant()
+      # ADD_OR_REMOVE_ONE mode on purpose (see the module docstring); the one
+      # subsampled event a replace_one ledger may hold (a Poisson-sampled
+      # Gaussian) has only the PLD analysis here.
       event = self.as_event()
+      replace_sampled = self._neighbouring == ev.REPLACE_ONE and ev.contains_sampling(event)
+      if replace_sampled and method == "rdp":
+        raise UnsupportedEventError(
+            "the rdp accountant bounds Poisson-sampled events for add_remove neighbours only; "
+            "this replace_one ledger is accounted with method='pld'.")
+      acc = (_RdpAccountant() if method == "rdp"
+             else _PldAccountant(replace_one_sampling=replace_sampled))
       if not acc.supports(event):
         raise UnsupportedEventError(f"the {method} accountant does not support this ledger.")
       acc.compose(event)

@@ -27,9 +27,14 @@ dp_accounting's ``NeighboringRelation.ADD_OR_REMOVE_ONE``; ``"replace_one"`` —
 one unit replaced, ``NeighboringRelation.REPLACE_ONE``) and ``unit`` (what one
 unit is: ``"example"`` by default; e.g. ``"party"`` when a whole party's data
 is protected). The noise multiplier of a tagged Gaussian/Laplace event is
-``σ/Δ`` with Δ the sensitivity *under the event's own relation* (jaxdp never
-uses dp_accounting's PLD ``REPLACE_ONE`` mode, which instead doubles an
-add/remove sensitivity). Structural events (Poisson-sampled, self-composed,
+``σ/Δ`` with Δ the sensitivity *under the event's own relation*. Unsampled
+events are composed with dp_accounting in its ``ADD_OR_REMOVE_ONE`` mode,
+which computes the privacy curve of ``σ/Δ`` whatever relation Δ was computed
+for. The one subsampled event jaxdp accounts under replace-one, a
+Poisson-sampled Gaussian (DP-SGD with ``neighbouring="replace_one"``), goes
+through dp_accounting's PLD ``REPLACE_ONE`` mode, whose "sensitivity" is the
+bound on ONE contribution (half of Δ): see
+:func:`replace_one_sampled_gaussian_std`. Structural events (Poisson-sampled, self-composed,
 composed, no-op, non-private) carry no tag; their relation is that of their
 leaves. ``neighbouring=None`` (and every raw dp_accounting event) is
 *untagged*: an accountant only accepts it if it was created with an explicit
@@ -48,6 +53,7 @@ import math
 import attr
 import numpy as np
 from dp_accounting import dp_event
+from dp_accounting.dp_event import GaussianDpEvent as _DpaGaussianDpEvent
 from dp_accounting import privacy_accountant as _dpa
 from dp_accounting.dp_event import (  # pylint: disable=unused-import
     ComposedDpEvent,
@@ -298,6 +304,49 @@ def contains_sampling(event: DpEvent) -> bool:
   if isinstance(event, SelfComposedDpEvent):
     return contains_sampling(event.event)
   return False
+
+
+def sampling_is_replace_one_accountable(event: DpEvent) -> bool:
+  """Whether every subsampled subtree of ``event`` is a Poisson-sampled Gaussian tagged replace-one.
+
+  Under ``replace_one`` neighbours these are the only subsampled events jaxdp
+  accounts (by PLD, see :func:`replace_one_sampled_gaussian_std`); every other
+  amplification bound here is proven for add/remove only.
+  """
+  if isinstance(event, PoissonSampledDpEvent):
+    # Tagged on purpose: an untagged dp_accounting Gaussian usually carries DP-SGD's
+    # z = sigma / C (add/remove), which read as sigma / (2C) would halve the sensitivity.
+    inner = event.event
+    return (isinstance(inner, _DpaGaussianDpEvent)
+            and getattr(inner, "neighbouring", None) == REPLACE_ONE)
+  if isinstance(event, SampledWithoutReplacementDpEvent):
+    return False
+  if isinstance(event, ComposedDpEvent):
+    return all(sampling_is_replace_one_accountable(e) for e in event.events)
+  if isinstance(event, SelfComposedDpEvent):
+    return sampling_is_replace_one_accountable(event.event)
+  return True
+
+
+def replace_one_sampled_gaussian_std(noise_multiplier: float) -> float:
+  """dp_accounting's ``REPLACE_ONE`` standard deviation of a replace-one sampled Gaussian event.
+
+  A ``PoissonSampledDpEvent(q, GaussianDpEvent(z, neighbouring="replace_one"))``
+  describes a sum of per-unit contributions, each of L2 norm at most ``c``,
+  Poisson-sampled at rate q, plus ``N(0, sigma^2 I)``. Its replace-one
+  sensitivity at ``q = 1`` is ``Delta = 2c`` (one contribution ``g`` replaced by
+  ``g' = -g``), so by the convention of this module ``z = sigma / (2c)``.
+  Replacing one unit changes the output law from
+  ``(1 - q) N(s, sigma^2) + q N(s + g, sigma^2)`` to
+  ``(1 - q) N(s, sigma^2) + q N(s + g', sigma^2)``; the dominating pair puts
+  ``g = -g'`` on one axis at norm ``c`` (Zhu, Dong & Wang 2022, "Optimal
+  accounting of differential privacy via characteristic function", Sec. 5;
+  Doroshenko et al. 2022, the pair dp_accounting's PLD computes in its
+  ``REPLACE_ONE`` mode with "sensitivity" ``c``). In dp_accounting's units
+  (sensitivity 1 = ``c``) the standard deviation is ``sigma / c = 2 z``.
+  At ``q = 1`` this is the Gaussian mechanism of sensitivity ``2c``: ``z`` again.
+  """
+  return 2.0 * float(noise_multiplier)
 
 
 def with_neighbouring(event: DpEvent, neighbouring, unit: str = DEFAULT_UNIT) -> DpEvent:

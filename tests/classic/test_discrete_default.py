@@ -119,8 +119,10 @@ def test_lloyd_release_is_on_the_grid():
   with jax.enable_x64(True):
     x = jnp.asarray(X, jnp.float64)
     cents = jnp.asarray([[0.2, 0.2, 0.2], [0.8, 0.8, 0.8]], jnp.float64)
-    counts, sums = km.noisy_lloyd_step(jax.random.key(0), x, cents, jnp.full(3, 0.5),
-                                       cal.count_scale, cal.sum_scale, params)
+    # One compiled program (op by op, every primitive of the samplers compiles on its own).
+    step = jax.jit(km.noisy_lloyd_step, static_argnums=(4, 5, 6))
+    counts, sums = step(jax.random.key(0), x, cents, jnp.full(3, 0.5),
+                        float(cal.count_scale), float(cal.sum_scale), params)
   assert _on_grid(counts, 1.0) and _on_grid(sums, 2.0**-11)
   ev = km.lloyd_iteration_event(cal)
   assert [e.epsilon for e in ev.events] == pytest.approx([cal.count_epsilon, cal.sum_epsilon])

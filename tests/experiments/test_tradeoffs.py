@@ -139,9 +139,12 @@ def test_bad_axis_and_method_raise(tmp_path):
 
 
 def _tiny_resnet(experiment, monkeypatch):
-  """Swap the experiment's ResNet-20 for a one-block, narrow one (same code path, far less
-  compilation on a CPU); the ``_slow`` tests run the real ResNet-20."""
-  small = functools.partial(jaxdp_models.ResNet20, blocks_per_stage=1, widths=(4, 8, 8),
+  """Swap the experiment's ResNet-20 for a one-stage, one-block, narrow one (the same module:
+  stem convolution, GroupNorm, a basic block, pooling, dense layer; 3 convolutions instead of 19,
+  far less compilation of DP-SGD's per-example gradients on a CPU). The type-A shortcuts of the
+  other stages are checked in tests/models/test_flax_models.py; the ``_slow`` tests run the real
+  ResNet-20 through the experiment."""
+  small = functools.partial(jaxdp_models.ResNet20, blocks_per_stage=1, widths=(4,),
                             max_groups=4)
   monkeypatch.setattr(experiment, "models", types.SimpleNamespace(ResNet20=small))
 
@@ -152,8 +155,10 @@ def _check_cifar_fig7(tmp_path, experiment):
   # Teachers of 16 examples in batches of 8, as in _check_cifar_teachers_map_equals_vmap: the
   # same compiled teacher step (shared through the compilation cache).
   config.n_train, config.n_test = 32, 16
-  config.dpsgd.epochs = 1.0
-  config.dpsgd.expected_batch_size = 16
+  # q = 4/32 for a quarter epoch: the same 2 steps as one epoch at q = 1/2, with a cheaper
+  # noise calibration (the RDP of Poisson subsampling at a large q) and a smaller padded batch.
+  config.dpsgd.epochs = 0.25
+  config.dpsgd.expected_batch_size = 4
   config.teachers.num_teachers = 2
   config.teachers.epochs = 1.0
   config.teachers.batch_size = 8

@@ -237,9 +237,15 @@ def test_noise_off_coverage_is_nominal_on_simulated_logistic_data():
     pytest.param(m, marks=() if i == 0 else (pytest.mark.slow,))
     for i, m in enumerate(ci.BATCH_MODES)])
 def test_private_intervals_are_longer_and_deterministic(mode):
-  """The first batch mode always on, the others under ``slow`` (each compiles the batch)."""
+  """The first batch mode always on, the others under ``slow`` (each compiles the batch).
+
+  Objective perturbation, exact quantiles and the default ``num_samples`` (a static argument
+  of the jitted pipeline): the single calls share their compilations with the tests above
+  (``epsilon=2`` with ``test_events_follow_theorems_2_and_4``, ``epsilon=inf`` with
+  ``test_noise_off_exact_quantiles_are_the_sandwich_interval``).
+  """
   x, y = _logistic_pool()
-  kw = dict(perturbation="output", num_samples=2000)
+  kw = dict(perturbation="objective")
   a, _ = ci.confidence_intervals(jax.random.key(3), x, y, epsilon=2.0, **kw)
   b, _ = ci.confidence_intervals(jax.random.key(3), x, y, epsilon=2.0, **kw)
   c, _ = ci.confidence_intervals(jax.random.key(3), x, y, epsilon=math.inf, **kw)

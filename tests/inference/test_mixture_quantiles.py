@@ -1,5 +1,6 @@
 """jaxdp.inference.mixture_quantiles: exact quantiles of the laws Algorithms 3 and 5 sample."""
 
+import functools
 import math
 
 import jax
@@ -14,11 +15,20 @@ from jaxdp.mechanisms.l2_laplace import l2_laplace_noise
 Z975 = stats.norm.ppf(0.975)
 
 
-def _half_widths(a, mixing, dim, alpha=0.05, **kw):
+@functools.lru_cache(maxsize=None)
+def _half_widths_jit(dim, alpha, num_nodes, compute_dtype):
+  """``interval_half_widths`` as ONE compiled program per configuration (op-by-op eager
+  dispatch compiles every primitive of the root search separately)."""
+  kw = {} if num_nodes is None else dict(num_nodes=num_nodes)
+  return jax.jit(lambda a, mixing: mq.interval_half_widths(
+      a, mixing, dim=dim, alpha=alpha, gaussian_z=float(stats.norm.ppf(1 - alpha / 2)),
+      compute_dtype=compute_dtype, **kw))
+
+
+def _half_widths(a, mixing, dim, alpha=0.05, num_nodes=None, compute_dtype=jnp.float32):
   with jax.enable_x64(True):
-    out = mq.interval_half_widths(jnp.asarray(a, jnp.float64),
-                                  tuple(jnp.asarray(c, jnp.float64) for c in mixing), dim=dim,
-                                  alpha=alpha, gaussian_z=stats.norm.ppf(1 - alpha / 2), **kw)
+    fn = _half_widths_jit(dim, alpha, num_nodes, compute_dtype)
+    out = fn(jnp.asarray(a, jnp.float64), tuple(jnp.asarray(c, jnp.float64) for c in mixing))
     return np.asarray(out)
 
 
@@ -38,7 +48,7 @@ def test_l2_laplace_is_the_chi2_scale_mixture_of_gaussians(m):
   rng = np.random.default_rng(0)
   mix = np.sqrt(rng.chisquare(d + 1, size=m))[:, None] * rng.normal(size=(m, d))
   with jax.enable_x64(True):
-    lib = np.asarray(jax.vmap(lambda k: l2_laplace_noise(k, (d,), 1.0, jnp.float64))(
+    lib = np.asarray(jax.jit(jax.vmap(lambda k: l2_laplace_noise(k, (d,), 1.0, jnp.float64)))(
         jax.random.split(jax.random.key(0), m)))
   for sample in (mix, lib):
     assert stats.kstest(np.linalg.norm(sample, axis=1), stats.gamma(d).cdf).pvalue > 1e-3
@@ -104,8 +114,10 @@ def test_quantiles_match_monte_carlo_of_the_algorithm_3_law(m):
   with jax.enable_x64(True):
     k1, k2, k3 = jax.random.split(jax.random.key(7), 3)
     g = np.asarray(jax.random.multivariate_normal(k1, jnp.zeros(d), jnp.asarray(sigma), (m,)))
-    draw = lambda k, beta: np.asarray(jax.vmap(lambda kk: l2_laplace_noise(
-        kk, (d,), beta, jnp.float64))(jax.random.split(k, m)))
+    # One compiled program for both draws (beta is an argument, not a constant).
+    draw_jit = jax.jit(lambda keys, beta: jax.vmap(lambda kk: l2_laplace_noise(
+        kk, (d,), beta, jnp.float64))(keys))
+    draw = lambda k, beta: np.asarray(draw_jit(jax.random.split(k, m), jnp.float64(beta)))
     t = (g + draw(k2, gamma) / math.sqrt(n)) @ h_inv / math.sqrt(n) - draw(k3, beta_z)
   sd = math.sqrt(0.025 * 0.975 / m)
   for freq in (np.mean(t > q, axis=0), np.mean(t < -q, axis=0)):

@@ -7,6 +7,13 @@ import pytest
 
 from jaxdp.inference import newton
 
+# Each function as ONE compiled program per configuration (called op by op, every primitive
+# and the solver's while loop would be dispatched and compiled separately).
+_minimize = jax.jit(newton.newton_minimize,
+                    static_argnames=("loss", "h", "grad_tol", "max_iter", "max_backtracks"))
+_grad_and_hessian = jax.jit(newton.grad_and_hessian, static_argnames=("loss", "h"))
+_objective = jax.jit(newton.objective, static_argnames=("loss", "h"))
+
 
 # Each loss is covered always-on by one of the two tests below; the other under ``slow``.
 @pytest.mark.parametrize("loss", ["logistic", pytest.param("huber", marks=pytest.mark.slow)])
@@ -20,7 +27,7 @@ def test_warm_start_reaches_the_same_minimiser_in_fewer_steps(loss):
   lin = 1e-3 * rng.normal(size=5)
   with jax.enable_x64(True):
     args = (jnp.asarray(x), jnp.asarray(y))
-    solve = lambda ww, b, init=None: newton.newton_minimize(
+    solve = lambda ww, b, init=None: _minimize(
         *args, jnp.asarray(ww), 0.01, jnp.asarray(b), loss=loss, grad_tol=1e-12, init=init)
     start = solve(np.ones(3000), np.zeros(5)).theta  # the unweighted, unperturbed minimiser
     cold = solve(w, lin)
@@ -43,20 +50,20 @@ def test_chord_first_step_and_cold_starts_reach_the_minimiser(loss):
   lin = 1e-3 * rng.normal(size=d)
   with jax.enable_x64(True):
     xj, yj = jnp.asarray(x), jnp.asarray(y)
-    base = newton.newton_minimize(xj, yj, jnp.ones(n), 0.01, jnp.zeros(d), loss=loss,
+    base = _minimize(xj, yj, jnp.ones(n), 0.01, jnp.zeros(d), loss=loss,
                                   grad_tol=1e-13).theta
-    _, h_base = newton.grad_and_hessian(base, xj, yj, jnp.ones(n), 0.01, jnp.zeros(d),
+    _, h_base = _grad_and_hessian(base, xj, yj, jnp.ones(n), 0.01, jnp.zeros(d),
                                         loss=loss, h=0.5)
-    cold = newton.newton_minimize(xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin), loss=loss,
+    cold = _minimize(xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin), loss=loss,
                                   grad_tol=1e-12)
-    chord = newton.newton_minimize(xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin), loss=loss,
+    chord = _minimize(xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin), loss=loss,
                                    grad_tol=1e-12, init=base, init_hessian=h_base,
                                    x_hessian=xj.astype(jnp.float32))
     for res in (cold, chord):
       assert float(res.grad_norm) <= 1e-12
     np.testing.assert_allclose(np.asarray(chord.theta), np.asarray(cold.theta), atol=2e-10)
     # The exact gradient at the result (not the solver's own report) is small.
-    g, _ = newton.grad_and_hessian(chord.theta, xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin),
+    g, _ = _grad_and_hessian(chord.theta, xj, yj, jnp.asarray(w), 0.01, jnp.asarray(lin),
                                    loss=loss, h=0.5)
     assert float(jnp.linalg.norm(g)) <= 1e-11
 
@@ -76,10 +83,10 @@ def test_logistic_trapezoid_bound_used_for_step_acceptance_holds():
     for scale in (0.1, 1.0, 3.0, 10.0):
       for _ in range(20):
         theta, step = rng.normal(size=d), scale * rng.normal(size=d)
-        j0 = float(newton.objective(jnp.asarray(theta), *args, loss="logistic", h=0.5))
-        j1 = float(newton.objective(jnp.asarray(theta + step), *args, loss="logistic", h=0.5))
-        g0, _ = newton.grad_and_hessian(jnp.asarray(theta), *args, loss="logistic", h=0.5)
-        g1, _ = newton.grad_and_hessian(jnp.asarray(theta + step), *args, loss="logistic", h=0.5)
+        j0 = float(_objective(jnp.asarray(theta), *args, loss="logistic", h=0.5))
+        j1 = float(_objective(jnp.asarray(theta + step), *args, loss="logistic", h=0.5))
+        g0, _ = _grad_and_hessian(jnp.asarray(theta), *args, loss="logistic", h=0.5)
+        g1, _ = _grad_and_hessian(jnp.asarray(theta + step), *args, loss="logistic", h=0.5)
         trapezoid = 0.5 * float(g0 @ step + g1 @ step)
         bound = trapezoid + np.max(np.abs(x @ step)) ** 3 / (6 * np.sqrt(3)) / 12
         worst = max(worst, (j1 - j0) - bound)

@@ -89,9 +89,10 @@ def test_lemma_formulas():
 @pytest.mark.parametrize("loss", ["logistic", "huber"])
 def test_derivatives_match_autodiff(loss):
   z = jnp.linspace(-3.0, 3.0, 61) + 0.013  # avoid the Huber kinks exactly
-  d1, d2 = sens.loss_derivatives(z, loss, 0.5)
-  g = jax.vmap(jax.grad(lambda t: sens.loss_value(t, loss, 0.5)))(z)
-  gg = jax.vmap(jax.grad(jax.grad(lambda t: sens.loss_value(t, loss, 0.5))))(z)
+  # Each side one compiled program (op by op, every primitive would compile on its own).
+  d1, d2 = jax.jit(lambda t: sens.loss_derivatives(t, loss, 0.5))(z)
+  g = jax.jit(jax.vmap(jax.grad(lambda t: sens.loss_value(t, loss, 0.5))))(z)
+  gg = jax.jit(jax.vmap(jax.grad(jax.grad(lambda t: sens.loss_value(t, loss, 0.5)))))(z)
   np.testing.assert_allclose(d1, g, atol=1e-5)
   np.testing.assert_allclose(d2, gg, atol=1e-4)
 
@@ -108,17 +109,18 @@ def test_hessian_and_covariance_against_autodiff(loss):
   def j(t):
     return jnp.sum(w * sens.loss_value(y * (x @ t), loss, 0.5)) / jnp.sum(w) + 0.5 * lam * t @ t
 
-  np.testing.assert_allclose(sens.hessian(theta, x, y, loss=loss, l2_reg=lam, counts=w),
+  # The library's matrices jitted too: one compile per shape instead of one per primitive.
+  hessian = jax.jit(lambda *a, **k: sens.hessian(*a, loss=loss, l2_reg=lam, **k))
+  covariance = jax.jit(lambda *a, **k: sens.gradient_covariance(*a, loss=loss, l2_reg=lam, **k))
+  np.testing.assert_allclose(hessian(theta, x, y, counts=w),
                              jax.jit(jax.hessian(j))(theta), atol=1e-5)  # one compile
   per = jax.jit(jax.vmap(jax.grad(lambda t, xi, yi: sens.loss_value(yi * xi @ t, loss, 0.5)),
                          in_axes=(None, 0, 0)))(theta, x, y)
   want = (per * w[:, None]).T @ per / jnp.sum(w) - lam ** 2 * jnp.outer(theta, theta)
-  np.testing.assert_allclose(sens.gradient_covariance(theta, x, y, loss=loss, l2_reg=lam,
-                                                      counts=w), want, atol=1e-5)
+  np.testing.assert_allclose(covariance(theta, x, y, counts=w), want, atol=1e-5)
   # Counts = repeating rows.
   rows = np.repeat(np.arange(n), np.asarray(w, int))
-  np.testing.assert_allclose(sens.hessian(theta, x[rows], y[rows], loss=loss, l2_reg=lam),
-                             sens.hessian(theta, x, y, loss=loss, l2_reg=lam, counts=w),
+  np.testing.assert_allclose(hessian(theta, x[rows], y[rows]), hessian(theta, x, y, counts=w),
                              atol=1e-6)
 
 

@@ -93,17 +93,22 @@ def _audit_pair():
   return f(x), f(x_nb), sens.logistic_hessian_sensitivity(2)
 
 
+def _audit_stat(k, m, direction, sensitivity, phi):
+  return jnp.dot(spd.priv_spd_matrix(k, m, sensitivity, phi, floor=-1e9).ravel(), direction)
+
+
+# One compiled program for every audit run: the sensitivity and phi are arguments (traced), not
+# constants, so the correct and the understated sensitivity share it.
+_audit_run = jax.jit(jax.vmap(_audit_stat, in_axes=(0, None, None, None, None)))
+
+
 def _audit_stats(h0, h1, sensitivity, phi, key, trials=10000):
   direction = (h1 - h0).ravel()
   direction = direction / jnp.linalg.norm(direction)
-
-  def stat(k, m):
-    return jnp.dot(spd.priv_spd_matrix(k, m, sensitivity, phi, floor=-1e9).ravel(), direction)
-
   k0, k1 = jax.random.split(key)
-  run = jax.jit(jax.vmap(stat, in_axes=(0, None)))
-  return (np.asarray(run(jax.random.split(k0, trials), h0)),
-          np.asarray(run(jax.random.split(k1, trials), h1)))
+  args = (direction, jnp.float32(sensitivity), jnp.float32(phi))
+  return (np.asarray(_audit_run(jax.random.split(k0, trials), h0, *args)),
+          np.asarray(_audit_run(jax.random.split(k1, trials), h1, *args)))
 
 
 def test_audit_priv_spd_matrix_respects_epsilon_and_catches_a_bug():

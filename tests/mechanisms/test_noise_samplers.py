@@ -268,11 +268,13 @@ def test_samplers_reach_far_beyond_the_old_cuts():
   from jaxdp.mechanisms import _sampling
   zero = jnp.zeros(1, jnp.uint32)
   top = jnp.full(1, 1 << 31, jnp.uint32)
-  lap_pos = float(_sampling.laplace_from_words([top, zero, zero, zero], jnp.float32)[0])
-  lap_neg = float(_sampling.laplace_from_words([zero, zero, zero, zero], jnp.float32)[0])
+  # Each transform one compiled program (op by op, every primitive compiles on its own).
+  laplace = jax.jit(lambda w: _sampling.laplace_from_words(w, jnp.float32))
+  lap_pos = float(laplace([top, zero, zero, zero])[0])
+  lap_neg = float(laplace([zero, zero, zero, zero])[0])
   assert lap_pos == pytest.approx(_sampling.LAPLACE_CUT, rel=1e-6) and lap_neg == -lap_pos
   assert _sampling.LAPLACE_CUT == pytest.approx(88.0297, abs=1e-4) and lap_pos > 31.9 + 50
-  z_cos, z_sin = _sampling.normal_pairs_from_words([zero] * 4, jnp.float32)
+  z_cos, z_sin = jax.jit(lambda w: _sampling.normal_pairs_from_words(w, jnp.float32))([zero] * 4)
   radius = math.hypot(float(z_cos[0]), float(z_sin[0]))
   assert radius == pytest.approx(_sampling.GAUSSIAN_CUT, rel=1e-6)
   assert _sampling.GAUSSIAN_CUT == pytest.approx(12.0649, abs=1e-4) and float(z_cos[0]) > 12.0
@@ -282,7 +284,8 @@ def test_samplers_reach_far_beyond_the_old_cuts():
       _sampling.GAUSSIAN_TAIL_PROB, rel=1e-12)
   assert _sampling.LAPLACE_TAIL_PROB < 1e-38 and _sampling.GAUSSIAN_TAIL_PROB < 3e-32
   # gamma summands: 128 bits each
-  assert float(_sampling.exponential_from_words([(zero, 32)] * 4, jnp.float32)[0]) == (
+  assert float(jax.jit(lambda w: _sampling.exponential_from_words(
+      [(c, 32) for c in w], jnp.float32))([zero] * 4)[0]) == (
       pytest.approx(128 * math.log(2), rel=1e-6))
 
 
@@ -398,10 +401,13 @@ def test_gaussian_tail_frequencies_and_layout(n):
   # odd sizes: (2, ceil(n/2)) words, flat cosine half then the first sines
   from jaxdp.mechanisms import _sampling
   key = jax.random.key(42)
-  zc, zs = _sampling.normal_pairs_from_words(_sampling._four_words(key, (4,)), jnp.float32)
+  # The words and their transform as one compiled program per shape (not op by op).
+  pairs = jax.jit(lambda k, shape: _sampling.normal_pairs_from_words(
+      _sampling._four_words(k, shape), jnp.float32), static_argnums=1)
+  zc, zs = pairs(key, (4,))
   np.testing.assert_allclose(np.asarray(mech.gaussian_noise(key, (7,), 1.0)),
                              np.concatenate([np.asarray(zc), np.asarray(zs)[:3]]), rtol=1e-6)
-  zc, zs = _sampling.normal_pairs_from_words(_sampling._four_words(key, (3, 2, 5)), jnp.float32)
+  zc, zs = pairs(key, (3, 2, 5))
   np.testing.assert_allclose(np.asarray(mech.gaussian_noise(key, (3, 4, 5), 1.0)),
                              np.concatenate([np.asarray(zc), np.asarray(zs)], axis=1), rtol=1e-6)
 

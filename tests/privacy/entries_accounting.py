@@ -76,6 +76,11 @@ _DECLARED = {
     "jaxdp.accounting.calibrate_noise_multiplier":
         _CALIBRATION + ": the smallest sigma for (target_epsilon, delta) at (q, T).",
     "jaxdp.accounting.dpsgd_epsilon": _CALIBRATION + ": epsilon of T steps at (sigma, q, delta).",
+    "jaxdp.accounting.dpsgd_accounting.check_relation_and_accountant":
+        "validates a public (neighbouring, accountant) pair of strings; no data, no event",
+    "jaxdp.accounting.events.replace_one_sampled_gaussian_std":
+        _CALIBRATION + ": dp_accounting's REPLACE_ONE std (2z) of a replace-one sampled "
+        "Gaussian event (Zhu, Dong & Wang 2022).",
     "jaxdp.accounting.dpsgd_accounting.make_accountant":
         "constructs an empty dp_accounting RDP/PLD accountant object; holds no data",
     "jaxdp.accounting.dpsgd_accounting.resolve_noise_multiplier":

@@ -251,6 +251,72 @@ reg.register(reg.ReleasePoint(
                               "it M times), checked in tests/training/dpsgd/test_dpsgd_linear.py"})))
 
 
+# -- linear_dpsgd, replace-one neighbours -------------------------------------------
+# The same mechanism accounted for replace-one neighbours (neighbouring="replace_one"):
+# one example replaced moves the clipped sum by up to 2C, so at q = 1 the step is the
+# Gaussian mechanism of sensitivity 2C at std sigma C (Balle & Wang 2018 Thm 8); the
+# event is PoissonSampled(1, Gaussian(sigma / 2)) tagged replace_one, accounted by PLD
+# (Zhu, Dong & Wang 2022; jaxdp.accounting.dpsgd_accounting).
+
+
+def replace_one_pairs(d: int = D) -> list[tuple[dict, dict]]:
+  """Neighbouring (D, D') under replacement of one example; the worst case first.
+
+  The last row is replaced by a row whose gradient points against the replaced one's
+  (both clipped to norm C: the sum moves by up to 2C), then by the boundary row.
+  """
+  base = _base(d)
+  far = np.zeros(d, np.float32)
+  far[0] = -10.0 * np.sign(base["x"][-1][0] or 1.0)
+  boundary = np.zeros(d, np.float32)
+  boundary[1] = CLIP / _residual_norm()
+  def replaced(x_row, y_row):
+    x = base["x"].copy()
+    y = base["y"].copy()
+    x[-1], y[-1] = x_row, y_row
+    return {"x": x, "y": y}
+  return [
+      (base, replaced(far, (int(base["y"][-1]) + 1) % K)),
+      (base, replaced(boundary, 0)),
+  ]
+
+
+def _linear_dpsgd_replace_one(key, data):
+  from jaxdp.training import dpsgd
+  n = len(data["y"])
+  return dpsgd.linear_dpsgd(
+      key, data["x"], data["y"], num_classes=K, noise_multiplier=SIGMA, delta=DELTA,
+      epochs=1.0, expected_batch_size=float(n), l2_clip_norm=CLIP, learning_rate=float(n),
+      momentum=0.0, accountant="pld", neighbouring="replace_one")
+
+
+def step_event_replace_one() -> events.DpEvent:
+  """One DP-SGD step at q = 1 for replace-one: ``PoissonSampled(1, Gaussian(sigma / 2))``."""
+  return events.PoissonSampledDpEvent(
+      1.0, events.GaussianDpEvent(SIGMA / 2, neighbouring=events.REPLACE_ONE, unit="example"))
+
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.training.dpsgd.linear_dpsgd[neighbouring=replace_one]",
+    release=_linear_dpsgd_replace_one,
+    vector=lambda out: -_flat(out.weights),
+    charged=None,
+    fresh=None,
+    audit=reg.AuditSpec(statistic=lambda out: _projection_statistic(-_flat(out.weights)),
+                        trials=500, slow_trials=20_000),
+    public_outputs=("event", "noise_multiplier", "sample_rate", "steps", "padded_size",
+                    "epsilon", "delta"),
+    **_common(neighbouring="replace_one", pairs=replace_one_pairs, event=step_event_replace_one,
+              epsilon=gaussian_epsilon(2 * CLIP / (SIGMA * CLIP), DELTA), sensitivity=2 * CLIP,
+              guarantee=("(eps, delta)-DP for replacing one example: the Poisson-subsampled "
+                         "Gaussian on the clipped gradient sum, replace-one pair (Zhu, Dong & "
+                         "Wang 2022), here one step at q = 1: the Gaussian mechanism of "
+                         "sensitivity 2C (Balle & Wang 2018 Thm 8)"),
+              skip={"charge": "linear_dpsgd spends on no accountant: it returns the event of "
+                              "one run in result.event, checked in "
+                              "tests/training/dpsgd/test_dpsgd_replace_one_training.py"})))
+
+
 # -- PrivateSGD.step (make_private's plan; its PaidSampler pays before sampling) --------
 
 

@@ -17,6 +17,7 @@ def test_accuracy_vs_epsilon_writes_results(tmp_path):
   config.deltas = (0.0,)
   config.l2_regs = (1e-3, 1e-2)
   config.num_seeds = 2
+  config.val_seeds = 2  # the preset's 20 draws per lambda only repeat the same compiled fits
   config.n_train = 400
   config.out_dir = str(tmp_path)
   experiment = _load("experiments/accuracy_vs_epsilon.py")

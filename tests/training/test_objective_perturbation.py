@@ -472,16 +472,23 @@ def _audit_loss_perturbation(num_runs: int, eps: float, beta_factor: float = 1.0
   y2 = np.concatenate([y, [0]]).astype(np.int32)
   k1, k2 = jax.random.split(jax.random.key(11))
 
+  # Both branches run the same compiled program per data shape: batch_mode="vmap", a float32
+  # array scale and a positional init=None (as loss_perturbation passes them) give
+  # _perturbed_fit_many the same signature.
+  from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
+
   def run(k, xs, ys):
     keys = jax.random.split(k, num_runs)
     if beta_factor == 1.0:
-      res = obp.loss_perturbation(keys, xs, ys, num_classes=2, epsilon=eps, neighbouring="add_remove")
+      res = obp.loss_perturbation(keys, xs, ys, num_classes=2, epsilon=eps, neighbouring="add_remove",
+                                  batch_mode="vmap")
     else:
       cal = obp.loss_perturbation_calibration(epsilon=eps, num_examples=xs.shape[0], num_classes=2,
                                               neighbouring="add_remove")
+      scale = noise_scale_as(cal.scale * beta_factor, jnp.float32, round_up=False)
       res, _ = obp._perturbed_fit_many(  # pylint: disable=protected-access
-          keys, jnp.asarray(xs), jnp.asarray(ys), cal.scale * beta_factor, cal.extra_l2, 0.0, 0.5,
-          1e-6, noise="l2_laplace", loss="softmax", num_classes=2, max_iter=500, mode="vmap")
+          keys, jnp.asarray(xs, jnp.float32), jnp.asarray(ys), scale, cal.extra_l2, 0.0, 0.5, 1e-6,
+          None, noise="l2_laplace", loss="softmax", num_classes=2, max_iter=500, mode="vmap")
     # Post-processing statistic: the logit difference theta[0, 1] - theta[0, 0].
     return np.asarray(res.weights[:, 0, 1] - res.weights[:, 0, 0])
 

@@ -45,9 +45,14 @@ near 5.4 standard deviations, and a truncated Gaussian has an unbounded privacy 
 at the cut.
 
 Privacy: ``steps = ceil(epochs / q)`` Poisson-subsampled Gaussian steps
-(:func:`jaxdp.accounting.dpsgd_event`, add/remove neighbours), ``z`` from
+(:func:`jaxdp.accounting.dpsgd_event`), ``z`` from
 :func:`jaxdp.accounting.calibrate_noise_multiplier` for ``(epsilon, delta)``
-with the RDP (default) or PLD accountant. ``M`` keys release ``M`` models.
+with the RDP (default) or PLD accountant, for add/remove neighbours (default,
+Abadi et al. 2016) or, with ``neighbouring="replace_one"``, for replace-one
+neighbours (each clipped gradient has norm ``<= c``, so one replaced example
+moves the sum by ``<= 2c``; PLD of the replace-one subsampled Gaussian, Zhu,
+Dong & Wang 2022; see :mod:`jaxdp.accounting.dpsgd_accounting`). ``M`` keys
+release ``M`` models.
 """
 
 from __future__ import annotations
@@ -180,6 +185,7 @@ def linear_dpsgd(
     overflow_prob: float = 1e-6,
     accountant: str = "rdp",
     batch_mode: str = "auto",
+    neighbouring: str = "add_remove",
 ) -> LinearDPSGDResult:
   """Trains ``M`` (one per key) private softmax linear models with DP-SGD (module docstring).
 
@@ -198,13 +204,16 @@ def linear_dpsgd(
     learning_rate, momentum: heavy-ball SGD on the noisy mean gradient.
     overflow_prob: per-step probability that a batch needs a second chunk of
       ``P`` slots (only speed depends on it; the mechanism is exact either way).
-    accountant: ``"rdp"`` or ``"pld"``.
+    accountant: ``"rdp"`` or ``"pld"`` (``"pld"`` for ``neighbouring="replace_one"``).
     batch_mode: ``"map"`` / ``"vmap"`` / ``"auto"`` over the keys
       (:func:`jaxdp.training.linear.resolve_batch_mode`).
+    neighbouring: ``"add_remove"`` (default) or ``"replace_one"``: the relation
+      ``epsilon`` holds for and the event is tagged with (module docstring).
 
   Returns:
     :class:`LinearDPSGDResult`.
   """
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant)
   _validation.check_key(key, allow_batch=True)
   x = _validation.check_finite_array(x, "x")
   if x.ndim != 2:
@@ -228,10 +237,10 @@ def linear_dpsgd(
       delta = _validation.check_delta(delta, allow_zero=False)
     z = dpsgd_accounting.resolve_noise_multiplier(
         None if epsilon is None else _validation.check_epsilon(epsilon), noise_multiplier, delta,
-        q_eff, steps, accountant=accountant)
+        q_eff, steps, accountant=accountant, neighbouring=relation)
   if z > 0:
-    event = dpsgd_accounting.dpsgd_event(z, q_eff, steps)
-    eps_spent = (dpsgd_accounting.dpsgd_epsilon(z, q_eff, steps, delta, accountant)
+    event = dpsgd_accounting.dpsgd_event(z, q_eff, steps, neighbouring=relation)
+    eps_spent = (dpsgd_accounting.dpsgd_epsilon(z, q_eff, steps, delta, accountant, relation)
                  if delta else math.inf)
   else:
     event, eps_spent = events.NonPrivateDpEvent(), math.inf

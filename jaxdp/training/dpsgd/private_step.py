@@ -341,6 +341,7 @@ class PrivateSGD:
     accountant_method: ``"rdp"`` or ``"pld"``.
     unit: the privacy unit of the events.
     allow_extra_steps: whether steps beyond T may be paid.
+    neighbouring: ``"add_remove"`` or ``"replace_one"``: the relation of the events and epsilon.
   """
 
   noise_multiplier: float
@@ -365,6 +366,7 @@ class PrivateSGD:
   _opened: list = dataclasses.field(repr=False)
   per_example_loss: Callable[..., Any] = dataclasses.field(default=None, repr=False)
   _checked: dict = dataclasses.field(default_factory=dict, repr=False)
+  neighbouring: str = events.ADD_REMOVE
 
   def _label_position(self) -> int | None:
     """Index of the labels among the gathered arrays, for a make_per_example_loss loss."""
@@ -445,16 +447,19 @@ class PrivateSGD:
     return sampler
 
   def step_event(self) -> events.DpEvent:
-    """The event of ONE step: ``PoissonSampled(q, Gaussian(sigma))``, add/remove, ``unit``."""
+    """The event of ONE step: :func:`~jaxdp.accounting.dpsgd_event` with one step.
+
+    ``PoissonSampled(q, Gaussian(sigma))`` tagged add/remove, or
+    ``PoissonSampled(q, Gaussian(sigma / 2))`` tagged replace-one (noise over the
+    replace-one sensitivity ``2S``), for ``unit``.
+    """
     if self.noise_multiplier == 0.0:
       return events.NonPrivateDpEvent()
-    return events.PoissonSampledDpEvent(
-        self.sample_rate,
-        events.GaussianDpEvent(self.noise_multiplier, neighbouring=events.ADD_REMOVE,
-                               unit=self.unit))
+    return dpsgd_accounting.dpsgd_event(self.noise_multiplier, self.sample_rate, 1,
+                                        neighbouring=self.neighbouring, unit=self.unit).event
 
   def guarantee(self, steps: int, delta: float | None = None) -> Any:
-    """:meth:`epsilon` as a ``PrivacyGuarantee`` (add/remove, ``unit``, ``accountant_method``).
+    """:meth:`epsilon` as a ``PrivacyGuarantee`` (``neighbouring``, ``unit``, ``accountant_method``).
 
     The one number to report for the run: the method is the calibration's, and
     ``accountant.get_epsilon(delta, private.accountant_method)`` on the ledger
@@ -463,8 +468,8 @@ class PrivateSGD:
     """
     from jaxdp.accounting.accountant import PrivacyGuarantee  # pylint: disable=g-import-not-at-top
     eps = self.epsilon(steps, delta)
-    return PrivacyGuarantee(eps, float(self.delta if delta is None else delta), events.ADD_REMOVE,
-                            self.unit, self.accountant_method)
+    return PrivacyGuarantee(eps, float(self.delta if delta is None else delta),
+                            self.neighbouring, self.unit, self.accountant_method)
 
   def epsilon(self, steps: int, delta: float | None = None) -> float:
     """``dpsgd_epsilon(sigma, q, steps, delta, accountant_method)`` (0 steps: 0; sigma = 0: inf)."""
@@ -480,7 +485,7 @@ class PrivateSGD:
     if self.noise_multiplier == 0.0:
       return math.inf
     return dpsgd_accounting.dpsgd_epsilon(self.noise_multiplier, self.sample_rate, steps,
-                                          delta, self.accountant_method)
+                                          delta, self.accountant_method, self.neighbouring)
 
   def step(self, params: PyTree, state: PrivateState,
            batch: PrivateBatch) -> tuple[PyTree, PrivateState, StepInfo]:
@@ -561,6 +566,7 @@ def make_private(
     accountant_method: str = "rdp",
     unit: str = events.DEFAULT_UNIT,
     allow_extra_steps: bool = False,
+    neighbouring: str = "add_remove",
 ) -> PrivateSGD:
   """Wires clipping, Poisson sampling, noise, optimiser and accounting for a custom loop.
 
@@ -570,7 +576,9 @@ def make_private(
 
   Privacy: with ``target_epsilon``, sigma is the smallest noise multiplier
   (``calibrate_noise_multiplier``, float64) for which T steps of Poisson rate
-  q are (target_epsilon, delta)-DP for add/remove neighbours of one ``unit``;
+  q are (target_epsilon, delta)-DP for add/remove neighbours of one ``unit``
+  (replace-one with ``neighbouring="replace_one"``: PLD of the replace-one
+  subsampled Gaussian, :mod:`jaxdp.accounting.dpsgd_accounting`);
   with ``noise_multiplier``, epsilon is reported for the steps actually paid.
   N is treated as public (q and ``q N`` are computed from it), as in
   :func:`.train.train_dpsgd`, Opacus and TF Privacy.
@@ -604,6 +612,9 @@ def make_private(
     unit: privacy unit of the events (default ``"example"``).
     allow_extra_steps: allow paying (and running) more than T steps; each is
       accounted, so epsilon grows past the target.
+    neighbouring: ``"add_remove"`` (default) or ``"replace_one"`` (needs
+      ``accountant_method="pld"``): the relation of the calibration, the events
+      the sampler pays and the reported epsilon.
 
   Returns:
     A :class:`PrivateSGD`.
@@ -629,6 +640,7 @@ def make_private(
                else _validation.check_positive_int(steps, "steps"))
   if accountant_method not in ("rdp", "pld"):
     raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method)
   if delta is not None:
     delta = _validation.check_delta(delta, allow_zero=False)
   unit = events.check_unit(unit)
@@ -655,7 +667,8 @@ def make_private(
                                    overflow_prob=overflow_prob, on_overflow="split").padded_size
   # Calibration last: the slow part (seconds), after every cheap check.
   sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
-                                                    t_planned, accountant=accountant_method)
+                                                    t_planned, accountant=accountant_method,
+                                                    neighbouring=relation)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   _, sample_key, noise_key = jax.random.split(key, 3)
@@ -692,7 +705,8 @@ def make_private(
       target_epsilon=target_epsilon, noise_stddev=transforms.noise_stddev(sigma, sensitivity),
       optimizer=tx, base_optimizer=base, clipped_grad_fn=grad_fn, batch_argnums=batch_argnums,
       accountant_method=accountant_method, unit=unit, allow_extra_steps=allow_extra_steps,
-      _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss)
+      _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss,
+      neighbouring=relation)
 
 
 __all__ = ["PaidSampler", "PoissonBatch", "PrivateBatch", "PrivateSGD", "PrivateState",

@@ -75,6 +75,7 @@ class DPSGDResult:
       gives the same number from the ledger; the ledger's default ``"auto"``
       is the smallest of all its sound bounds and can be smaller (e.g. PLD
       when this is ``"rdp"``). Report :attr:`guarantee`, which names it.
+    neighbouring: the relation ``epsilon`` holds for (``"add_remove"`` or ``"replace_one"``).
   """
 
   params: PyTree
@@ -91,16 +92,17 @@ class DPSGDResult:
   seconds: float
   overflow_delta: float = 0.0
   accountant_method: str = "rdp"
+  neighbouring: str = events.ADD_REMOVE
 
   @property
   def guarantee(self) -> Any:
-    """``PrivacyGuarantee(epsilon, delta, "add_remove", "example", accountant_method)``.
+    """``PrivacyGuarantee(epsilon, delta, neighbouring, "example", accountant_method)``.
 
     The one number to report for this run, with the method that produced it
     (the one the noise was calibrated with) and what it is a guarantee about.
     """
     from jaxdp.accounting.accountant import PrivacyGuarantee  # pylint: disable=g-import-not-at-top
-    return PrivacyGuarantee(self.epsilon, self.delta, events.ADD_REMOVE, events.DEFAULT_UNIT,
+    return PrivacyGuarantee(self.epsilon, self.delta, self.neighbouring, events.DEFAULT_UNIT,
                             self.accountant_method)
 
 
@@ -217,11 +219,14 @@ def train_dpsgd(
     eval_fn: Callable[[PyTree], dict[str, float]] | None = None,
     eval_every: int | None = None,
     progress: bool = False,
+    neighbouring: str = "add_remove",
 ) -> DPSGDResult:
   """Trains ``model`` with DP-SGD on ``(x, y)`` and reports the epsilon spent.
 
   Privacy: (epsilon, delta)-DP with respect to adding or removing one example
-  of ``(x, y)`` for the released parameters (and everything computed from them),
+  of ``(x, y)`` (or, with ``neighbouring="replace_one"``, replacing one: PLD of
+  the replace-one subsampled Gaussian, :mod:`jaxdp.accounting.dpsgd_accounting`)
+  for the released parameters (and everything computed from them),
   by the Poisson-subsampled Gaussian mechanism composed over ``steps`` steps
   (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd_accounting`). Not covered:
   hyper-parameter tuning, ``eval_fn`` on private data, and the non-private
@@ -285,11 +290,14 @@ def train_dpsgd(
     mesh: optional 1-D ``jax.sharding.Mesh`` for data parallelism (axis "data").
     eval_fn: ``params -> dict`` of metrics, run every ``eval_every`` steps and at the end.
     progress: show a tqdm bar.
+    neighbouring: ``"add_remove"`` (default) or ``"replace_one"`` (needs
+      ``accountant_method="pld"``): the relation of the guarantee and of the event spent.
   """
   _validation.check_key(key)
   # Every input is checked here, before any calibration, gradient or spend.
   if accountant_method not in ("rdp", "pld"):
     raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method)
   if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
           or hasattr(accountant, "spend")):
     raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
@@ -342,14 +350,16 @@ def train_dpsgd(
                                     multiple_of=n_dev)
   # Calibration last: it is the slow part (seconds), and every cheap check ran before it.
   sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
-                                                    steps, accountant=accountant_method)
+                                                    steps, accountant=accountant_method,
+                                                    neighbouring=relation)
   sensitivity = grad_fn.sensitivity
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   overflow_delta = 0.0
   if on_overflow == "raise" and sigma > 0:
     p_abort = sampler.overflow_probability
-    eps_planned = dpsgd_accounting.dpsgd_epsilon(sigma, q, steps, delta, accountant_method)
+    eps_planned = dpsgd_accounting.dpsgd_epsilon(sigma, q, steps, delta, accountant_method,
+                                                 relation)
     overflow_delta = sampling.abort_delta(p_abort, steps, eps_planned)
     if not overflow_delta <= frac * delta:
       allowed = frac * delta / (steps * (1.0 + math.exp(min(eps_planned, 700.0))))
@@ -364,7 +374,7 @@ def train_dpsgd(
 
   # Reserve the planned event BEFORE the first step; no refund if the run stops.
   if accountant is not None:
-    planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps) if sigma > 0
+    planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps, neighbouring=relation) if sigma > 0
                else events.NonPrivateDpEvent())
     try:
       accountant.spend(planned)
@@ -407,7 +417,7 @@ def train_dpsgd(
       return 0.0
     if sigma == 0:
       return math.inf
-    return dpsgd_accounting.dpsgd_epsilon(sigma, q, t, delta, accountant_method)
+    return dpsgd_accounting.dpsgd_epsilon(sigma, q, t, delta, accountant_method, relation)
 
   for t in iterator:
     chunks = sampler.sample(step_keys[t])
@@ -444,4 +454,5 @@ def train_dpsgd(
                      expected_batch_size=sampler.expected_batch_size,
                      sensitivity=float(sensitivity), padded_size=sampler.padded_size,
                      history=history, accountant=accountant, seconds=seconds,
-                     overflow_delta=overflow_delta, accountant_method=accountant_method)
+                     overflow_delta=overflow_delta, accountant_method=accountant_method,
+                     neighbouring=relation)

@@ -21,7 +21,8 @@ from jaxdp.training.dpsgd import clipping, data_parallel
 @pytest.mark.multidevice
 def test_eight_devices_equal_one_device():
   script = pathlib.Path(__file__).with_name("_multidevice_check.py")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  flags = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+  env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode == 0, proc.stderr[-3000:]

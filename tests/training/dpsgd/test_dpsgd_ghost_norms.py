@@ -43,7 +43,7 @@ class _Unsupported(nn.Module):
   @nn.compact
   def __call__(self, x):
     x = x.reshape((x.shape[0], 4, 4, 1))
-    x = nn.Conv(4, (3, 3))(x)
+    x = nn.Conv(4, (3, 3), use_bias=False)(x)  # a conv without bias (the ResNet's kind)
     x = nn.GroupNorm(num_groups=2)(x)
     x = _Scale()(x).reshape((x.shape[0], -1))
     shared = nn.Dense(64)
@@ -86,10 +86,24 @@ def _rel_err(a, b):
              for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+# Default run: every model but the ResNet (the costliest compilation); its layers (bias-free
+# conv, GroupNorm, dense) are in "unsupported" and "cnn", and
+# test_per_example_norms_match_vmap_resnet_slow checks the ResNet itself.
+_DEFAULT_NORMS = tuple(n for n in _CASES if n != "resnet_gn")
+
+
 class GhostNormsTest(parameterized.TestCase):
 
-  @parameterized.named_parameters(*[(n, n) for n in _CASES])
+  @parameterized.named_parameters(*[(n, n) for n in _DEFAULT_NORMS])
   def test_per_example_norms_match_vmap(self, name):
+    self._check_norms(name)
+
+  @parameterized.named_parameters(("resnet_gn", "resnet_gn"))
+  @pytest.mark.slow
+  def test_per_example_norms_match_vmap_resnet_slow(self, name):
+    self._check_norms(name)
+
+  def _check_norms(self, name):
     loss, params, x, y = _setup(name)
     # Jitted: one compilation each, instead of one per primitive run op by op.
     sq = jax.jit(lambda p, a, b: ghost_norms.per_example_sq_norms(
@@ -132,10 +146,10 @@ class GhostNormsTest(parameterized.TestCase):
   # Default run: every configuration on some model, and every layer kind (dense, embedding,
   # LayerNorm, conv, GroupNorm, the vmap fallback) in some model (each one compiles a vmap and a
   # ghost clipped gradient); test_clipped_sum_matches_vmap_all_configurations_slow runs all three
-  # on every model. The ResNet and the CNN (the costliest compilations) are in the slow test
-  # only: their layers (conv, GroupNorm, dense) are covered here by "unsupported", their ghost
-  # norms by test_per_example_norms_match_vmap_{resnet_gn,cnn}, and the CNN's ghost clipped sum
-  # by test_microbatches_and_aux.
+  # on every model. The ResNet and the CNN (the costliest compilations) are in the slow tests
+  # only: their layers (conv with and without bias, GroupNorm, dense) are covered here by
+  # "unsupported", and their ghost norms by test_per_example_norms_match_vmap_cnn and
+  # test_per_example_norms_match_vmap_resnet_slow.
   _DEFAULT = {"mlp": ((False, "c"),), "embedding": ((True, "c"),), "unsupported": ((True, "tree"),)}
 
   @parameterized.named_parameters(*[(n, n) for n in _DEFAULT])
@@ -193,8 +207,19 @@ class GhostNormsTest(parameterized.TestCase):
       self.assertGreater(norm, c * (1 - 1e-3))
       self.assertEqual(int(info.num_clipped), 1)
 
-  def test_microbatches_and_aux(self):
-    loss, params, x, y = _setup("cnn", batch=5)
+  # Batch 5 in microbatches of 2: the last microbatch is padded. The default run uses the MLP
+  # (microbatching is the same code for every layer kind); the slow run repeats it on the CNN.
+  @parameterized.named_parameters(("mlp", "mlp"))
+  def test_microbatches_and_aux(self, name):
+    self._check_microbatches_and_aux(name)
+
+  @parameterized.named_parameters(("cnn", "cnn"))
+  @pytest.mark.slow
+  def test_microbatches_and_aux_slow(self, name):
+    self._check_microbatches_and_aux(name)
+
+  def _check_microbatches_and_aux(self, name):
+    loss, params, x, y = _setup(name, batch=5)
 
     def loss_aux(p, xi, yi):
       return loss(p, xi, yi), {"y": yi}
