@@ -1,10 +1,12 @@
-"""A battery of bad inputs across the public API outside training (issue 27).
+"""A battery of bad inputs across the public API (at least 80 cases).
 
 DP-SGD (``tests/training/dpsgd/test_input_checks.py``) and the training
 estimators (``tests/training/test_sklearn_compat.py``) have their own. Here:
 ``jaxdp.classic`` (estimators and quantiles), ``jaxdp.inference``
-(confidence intervals), ``jaxdp.multiparty``, ``jaxdp.mechanisms`` and
-``jaxdp.prediction`` predictors. Every case must
+(confidence intervals), ``jaxdp.multiparty``, ``jaxdp.mechanisms``,
+``jaxdp.accounting`` (the ledger and DP-SGD's accounting, incl. the
+neighbouring relation), DP-SGD's relation argument and ``jaxdp.prediction``
+predictors. Every case must
 
 * raise a ``ValueError``/``TypeError`` (jaxdp's error classes subclass them),
 * with a message naming the offending argument, and
@@ -22,7 +24,11 @@ import jax
 import numpy as np
 import pytest
 
+import dp_accounting
+
 from jaxdp import classic, mechanisms, multiparty
+from jaxdp.accounting import PrivacyAccountant, dpsgd_accounting, events
+from jaxdp.training import dpsgd
 from jaxdp.inference import confidence_intervals
 from jaxdp.prediction import PredictionSensitivityPredictor, calibrate_prediction_sensitivity
 
@@ -95,6 +101,12 @@ def _fit(name):
 
 def _ci(x=X_CI, y=Y_PM, **kw):
   return confidence_intervals(KEY, x, y, **{"epsilon": 1.0, **kw})
+
+
+def _ledger():
+  acc = PrivacyAccountant()
+  acc.spend(events.PureDpEvent(1.0, neighbouring="replace_one"))
+  return acc
 
 
 VOTES = np.array([Y, 1 - Y, Y])  # (M=3 parties, N=24 auxiliary rows)
@@ -203,6 +215,41 @@ CASES = [
      r"key"),
     ("gaussian_delta_one", lambda: mechanisms.gaussian_mechanism(KEY, np.ones(2), 1.0, 1.0, 1.0),
      r"delta"),
+    # jaxdp.accounting (the shared ledger and DP-SGD's accounting)
+    ("accountant_unknown_relation", lambda: PrivacyAccountant(neighbouring="both"),
+     r"neighbouring"),
+    ("accountant_spend_string", lambda: PrivacyAccountant().spend("gaussian"), r"event"),
+    ("accountant_spend_count_zero", lambda: PrivacyAccountant().spend(
+        events.PureDpEvent(1.0, neighbouring="replace_one"), count=0), r"count"),
+    ("accountant_delta_above_one", lambda: _ledger().get_epsilon(1.5), r"delta"),
+    ("accountant_unknown_method", lambda: _ledger().get_epsilon(1e-5, "magic"), r"method"),
+    ("accountant_sampled_laplace_replace_one", lambda: PrivacyAccountant(
+        neighbouring="replace_one").spend(events.PoissonSampledDpEvent(
+            0.1, events.LaplaceDpEvent(1.0, neighbouring="replace_one"))), r"replace_one"),
+    ("accountant_untagged_sampled_gaussian_replace_one", lambda: PrivacyAccountant(
+        neighbouring="replace_one").spend(events.PoissonSampledDpEvent(
+            0.1, dp_accounting.GaussianDpEvent(1.0))), r"replace_one"),
+    ("replace_one_from_add_remove_negative", lambda: events.replace_one_from_add_remove(-1.0),
+     r"epsilon"),
+    ("dpsgd_epsilon_unknown_relation", lambda: dpsgd_accounting.dpsgd_epsilon(
+        1.0, 0.1, 10, 1e-5, "pld", neighbouring="swap"), r"neighbouring"),
+    ("dpsgd_epsilon_replace_one_rdp", lambda: dpsgd_accounting.dpsgd_epsilon(
+        1.0, 0.1, 10, 1e-5, "rdp", neighbouring="replace_one"), r"accountant"),
+    ("dpsgd_calibrate_delta_zero", lambda: dpsgd_accounting.calibrate_noise_multiplier(
+        1.0, 0.0, 0.1, 10), r"delta"),
+    ("dpsgd_calibrate_sample_rate_above_one", lambda: dpsgd_accounting.calibrate_noise_multiplier(
+        1.0, 1e-5, 1.5, 10), r"sample_rate"),
+    ("dpsgd_event_steps_float", lambda: dpsgd_accounting.dpsgd_event(1.0, 0.1, 2.5), r"steps"),
+    ("linear_dpsgd_replace_one_rdp", lambda: dpsgd.linear_dpsgd(
+        KEY, X, Y, num_classes=2, noise_multiplier=1.0, delta=1e-5,
+        neighbouring="replace_one"), r"accountant"),
+    ("linear_dpsgd_unknown_relation", lambda: dpsgd.linear_dpsgd(
+        KEY, X, Y, num_classes=2, noise_multiplier=1.0, delta=1e-5, accountant="pld",
+        neighbouring="swap"), r"neighbouring"),
+    ("make_private_replace_one_rdp", lambda: dpsgd.make_private(
+        lambda w, a, b: (a @ w - b) ** 2, l2_clip_norm=1.0, num_examples=24,
+        expected_batch_size=4.0, noise_multiplier=1.0, delta=1e-5, steps=2, key=KEY,
+        neighbouring="replace_one"), r"accountant"),
     # jaxdp.prediction predictors
     ("ps_predictor_3_features", lambda: _ps_predictor().predict(np.zeros((2, 3))), r"\bx\b"),
     ("ps_predictor_nan_x", lambda: _ps_predictor().predict(_nan(np.zeros((2, 2)))), r"\bx\b"),
@@ -223,5 +270,5 @@ def test_bad_input_is_refused_by_jaxdp(call, pattern):
 
 
 def test_battery_is_large():
-  assert len(CASES) >= 50
+  assert len(CASES) >= 80
   assert len({c[0] for c in CASES}) == len(CASES)
