@@ -244,20 +244,6 @@ def _survey_config(dataset: str, rows: list[dict]):
   return config
 
 
-def _stamp(path: pathlib.Path, metadata: dict[str, str | None]) -> None:
-  """Writes the PNG text entries ``metadata`` into ``path`` (for the ``plot`` functions that
-  take no ``metadata``); pixels, size and resolution are kept, no other text entry."""
-  from PIL import Image, PngImagePlugin  # pylint: disable=import-outside-toplevel
-  info = PngImagePlugin.PngInfo()
-  for key, value in metadata.items():
-    if value is not None:
-      info.add_text(key, value)
-  with Image.open(path) as image:
-    image.load()
-    dpi = image.info.get("dpi")
-    image.save(path, pnginfo=info, **({"dpi": dpi} if dpi else {}))
-
-
 def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
   """Draws the figures ``names`` of :data:`FIGURES` into ``out_dir/<name>.png``."""
   out_dir = pathlib.Path(out_dir)
@@ -276,14 +262,13 @@ def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
       written.append(out_dir / f"{name}.png")
     elif fig.plot == "multiparty":
       rows = read_rows(fig.csvs[0])
-      experiment("multiparty").plot(rows, out_dir / f"{name}.png", _multiparty_title(rows))
-      _stamp(out_dir / f"{name}.png", metadata(name))
+      experiment("multiparty").plot(rows, out_dir / f"{name}.png", _multiparty_title(rows),
+                                    metadata=metadata(name))
       written.append(out_dir / f"{name}.png")
     elif fig.plot == "survey_models":
       rows = read_rows(fig.csvs[0])
       experiment("survey_models").plot(rows, _survey_config(fig.dataset, rows),
-                                       out_dir / f"{name}.png")
-      _stamp(out_dir / f"{name}.png", metadata(name))
+                                       out_dir / f"{name}.png", metadata=metadata(name))
       written.append(out_dir / f"{name}.png")
   # confidence intervals: one call of plot draws every figure of a CSV (coverage: two).
   by_csv = {}

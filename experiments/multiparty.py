@@ -19,8 +19,9 @@ are trained in one batched call; they vote on the auxiliary rows; then
   releases are drawn in one vmapped call (one key per draw) and evaluated;
 * *indiv*: mean test accuracy of the local classifiers.
 
-Accuracy is mean and s.d. over the noise draws (the paper: 100 draws; s.d.
-over splits for non-private methods when ``num_splits > 1``). Each row also
+Accuracy is mean and s.d. over the noise draws (the paper: 100 draws); with
+``num_splits > 1`` the figure pools every split's rows (:func:`aggregate_splits`:
+s.d. over draws and splits, over splits for ``batch``, the paper's 10 trials). Each row also
 records the mean noise norm and the weight norm, to check the paper's claim
 that *soft* stays close to *batch* (docs/results.md). Privacy unit: one party
 (all its samples); every release's event is tagged ``unit="party"``.
@@ -178,10 +179,40 @@ def run_point(config, data, m, lam, split, key):
   return rows
 
 
-def plot(rows, path, title):
+def aggregate_splits(rows):
+  """One row per (method, M, lambda, 1/eps): the mean and s.d. over every split's rows.
+
+  Each split's row holds the mean and s.d. of ``num_draws`` noisy releases (private
+  methods), of the parties (``indiv``) or of one number (``batch``, s.d. 0). With equal
+  counts per split, the pooled mean is the mean of the means and the pooled variance is
+  ``mean(sd^2 + mean^2) - pooled_mean^2``: over draws AND splits for private methods,
+  over parties and splits for ``indiv``, over splits for ``batch`` (the paper's 10
+  trials). ``num_splits`` records how many splits each row pools.
+  """
+  groups = {}
+  for r in rows:
+    groups.setdefault((r["method"], r["num_parties"], r["l2_reg"], r["inv_epsilon"]), []).append(r)
+  out = []
+  for sel in groups.values():
+    means = np.array([float(r["acc_mean"]) for r in sel])
+    sds = np.array([float(r["acc_sd"]) for r in sel])
+    mean = float(means.mean())
+    var = float(np.mean(sds**2 + means**2) - mean**2)
+    out.append(dict(sel[0], acc_mean=mean, acc_sd=math.sqrt(max(var, 0.0)),
+                    num_splits=len({r.get("split", 0) for r in sel})))
+  return out
+
+
+def plot(rows, path, title, metadata=None):
+  """Accuracy vs 1/eps, one panel per (lambda, M), averaged over the rows' splits.
+
+  ``metadata``: PNG text entries (``savefig``).
+  """
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  rows = aggregate_splits(rows)
+  splits = max(r["num_splits"] for r in rows)
   ms = sorted({r["num_parties"] for r in rows})
   lams = sorted({r["l2_reg"] for r in rows})
   fig, axes = plt.subplots(len(lams), len(ms), figsize=(4.2 * len(ms), 3.4 * len(lams)),
@@ -205,10 +236,14 @@ def plot(rows, path, title):
       ax.set_xlabel("1/ε  (1/ε = 0 plotted at 1e-3)")
       ax.set_ylabel("test accuracy")
       ax.grid(alpha=0.3)
-  axes[0][0].legend(fontsize=7, title="error bars: ±1 s.d. (private methods: over noise\ndraws; indiv: over parties)", title_fontsize=6)
+  over = f" and {splits} random splits" if splits > 1 else ""
+  axes[0][0].legend(fontsize=7, title=("error bars: ±1 s.d. (private methods: over noise\n"
+                                       f"draws{over}; indiv: over parties{over}"
+                                       + (f";\nbatch: over splits)" if splits > 1 else ")")),
+                    title_fontsize=6)
   fig.suptitle(title, fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, metadata=metadata)
   plt.close(fig)
 
 

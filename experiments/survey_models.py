@@ -263,7 +263,11 @@ METRIC_LABEL = {"naive_bayes": "test accuracy", "random_trees": "test accuracy",
                 "pca_laplace": "captured second moment (test)"}
 
 
-def plot(rows, config, path):
+def plot(rows, config, path, metadata=None):
+  """Accuracy (or k-means score) vs epsilon per model, jaxdp vs diffprivlib.
+
+  ``metadata``: PNG text entries (``savefig``).
+  """
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -294,7 +298,7 @@ def plot(rows, config, path):
            "k-means); error bars: ±1 s.d. over fits (same spent ε, declared bounds and "
            "neighbouring relation for both libraries).", ha="center", va="bottom", fontsize=8)
   fig.tight_layout(rect=(0, 0.04, 1, 1))
-  fig.savefig(path, dpi=120)
+  fig.savefig(path, dpi=120, metadata=metadata)
   plt.close(fig)
 
 
