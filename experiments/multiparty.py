@@ -253,8 +253,9 @@ def main(config) -> list[dict]:
   settings = {f: config[f] for f in RESULT_FIELDS}
   settings["jaxdp_version"] = getattr(jaxdp, "__version__", "")
   log = results_io.PointLog(out / "points.jsonl", settings)
-  points = [(m, lam, s) for m in config.num_parties for lam in config.l2_regs
-            for s in range(config.num_splits)]
+  # Splits outermost: an interrupted run has whole splits of every (M, lambda).
+  points = [(m, lam, s) for s in range(config.num_splits) for m in config.num_parties
+            for lam in config.l2_regs]
   rows = []
   for m, lam, s in tqdm(points, desc=f"{config.dataset} points"):
     pkey = [config.dataset, int(m), float(lam), int(s), list(config.methods)]
