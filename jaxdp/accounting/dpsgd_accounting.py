@@ -42,21 +42,24 @@ _PLD_DISCRETIZATION = 1e-4
 _PLD_SEARCH_DISCRETIZATION_REPLACE_ONE = 1e-3
 
 
-def check_relation_and_accountant(neighbouring, accountant: str) -> str:
+def check_relation_and_accountant(neighbouring, accountant: str,
+                                  name: str = "accountant") -> str:
   """Validates ``neighbouring`` and its pairing with ``accountant``; returns the relation.
+
+  ``name``: the accountant argument's name in the caller's signature (e.g.
+  ``"accountant_method"``), used in the error messages.
 
   Raises:
     ValueError: an unknown relation or accountant, or ``replace_one`` with
-      ``accountant="rdp"`` (replace-one DP-SGD is accounted by PLD only).
+      ``"rdp"`` (replace-one DP-SGD is accounted by PLD only).
   """
-  relation = events.check_neighbouring(neighbouring)
   if accountant not in ("rdp", "pld"):
-    raise ValueError(f"accountant must be 'rdp' or 'pld', got {accountant!r}.")
+    raise ValueError(f"{name} must be 'rdp' or 'pld', got {accountant!r}.")
+  relation = events.check_neighbouring(neighbouring)
   if relation == events.REPLACE_ONE and accountant != "pld":
     raise ValueError(
         "neighbouring='replace_one' DP-SGD is accounted by PLD only (the replace-one "
-        "subsampled Gaussian, Zhu, Dong & Wang 2022): pass accountant='pld' "
-        f"(accountant_method='pld' in train_dpsgd/make_private), got {accountant!r}.")
+        f"subsampled Gaussian, Zhu, Dong & Wang 2022): pass {name}='pld', got {accountant!r}.")
   return relation
 
 
@@ -107,6 +110,15 @@ def _dpa_event(noise_multiplier: float, sample_rate: float, steps: int) -> event
           noise_multiplier)), steps)
 
 
+def _epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
+             accountant: str, relation: str,
+             pld_discretization: float = _PLD_DISCRETIZATION) -> float:
+  """:func:`dpsgd_epsilon` on validated arguments, at a given PLD discretisation."""
+  acc = make_accountant(accountant, relation, pld_discretization=pld_discretization)
+  acc.compose(_dpa_event(noise_multiplier, sample_rate, steps))
+  return float(acc.get_epsilon(delta))
+
+
 def dpsgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float,
                   accountant: str = "rdp", neighbouring: str = events.ADD_REMOVE) -> float:
   """ε of DP-SGD after ``steps`` steps at (δ, q, z).
@@ -129,9 +141,8 @@ def dpsgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta
   noise_multiplier = _validation.check_positive(noise_multiplier, "noise_multiplier")
   sample_rate = _validation.check_sample_rate(sample_rate)
   steps = _validation.check_positive_int(steps, "steps")
-  acc = make_accountant(accountant, neighbouring)
-  acc.compose(_dpa_event(noise_multiplier, sample_rate, steps))
-  return float(acc.get_epsilon(delta))
+  relation = check_relation_and_accountant(neighbouring, accountant)
+  return _epsilon(noise_multiplier, sample_rate, steps, delta, accountant, relation)
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int,
@@ -184,33 +195,23 @@ def _calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate
     lower, upper = 0.5 * z_rdp, z_rdp + tol
     interval = _PLD_DISCRETIZATION
     if relation == events.REPLACE_ONE:
+      # The RDP answer at (eps/2, delta/2) is only a starting bracket: widen it
+      # (epsilon decreases in z) until it holds the root.
       interval = _PLD_SEARCH_DISCRETIZATION_REPLACE_ONE
-
-      def search_epsilon(z):
-        acc = make_accountant(accountant, relation, pld_discretization=interval)
-        acc.compose(_dpa_event(z, sample_rate, steps))
-        return acc.get_epsilon(delta)
-
-      while search_epsilon(upper) > target_epsilon:
-        upper *= 2.0
-    # PLD at small multipliers is slow (a wide loss distribution): try the tight
-    # bracket first and widen it only if the root is below it.
-    for _ in range(8):
-      try:
-        z = dp_accounting.calibrate_dp_mechanism(
-            lambda: make_accountant(accountant, relation, pld_discretization=interval),
-            make_event, target_epsilon, delta,
-            bracket_interval=dp_accounting.ExplicitBracketInterval(lower, upper), tol=tol)
-        break
-      except ValueError:
-        if relation == events.ADD_REMOVE or search_epsilon(lower) > target_epsilon:
-          raise
-        upper, lower = lower, 0.5 * lower
-    else:  # pragma: no cover
-      raise RuntimeError("noise calibration failed to bracket the target epsilon.")
+      search = functools.partial(_epsilon, sample_rate=sample_rate, steps=steps, delta=delta,
+                                 accountant=accountant, relation=relation,
+                                 pld_discretization=interval)
+      while search(upper) > target_epsilon:
+        lower, upper = upper, 2.0 * upper
+      while search(lower) <= target_epsilon:
+        lower, upper = 0.5 * lower, lower
+    z = dp_accounting.calibrate_dp_mechanism(
+        lambda: make_accountant(accountant, relation, pld_discretization=interval),
+        make_event, target_epsilon, delta,
+        bracket_interval=dp_accounting.ExplicitBracketInterval(lower, upper), tol=tol)
   z = float(z)
   for _ in range(10_000):
-    if dpsgd_epsilon(z, sample_rate, steps, delta, accountant, relation) <= target_epsilon:
+    if _epsilon(z, sample_rate, steps, delta, accountant, relation) <= target_epsilon:
       return z
     z += tol
   raise RuntimeError("noise calibration failed to reach the target epsilon.")  # pragma: no cover

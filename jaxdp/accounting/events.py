@@ -295,15 +295,20 @@ def leaf_tags(event: DpEvent) -> set[tuple[str | None, str | None]]:
   return {(relation, getattr(event, "unit", DEFAULT_UNIT))}
 
 
+def _sampled_subtrees(event: DpEvent):
+  """The subsampled events of the tree (each yielded once, not searched inside)."""
+  if isinstance(event, (PoissonSampledDpEvent, SampledWithoutReplacementDpEvent)):
+    yield event
+  elif isinstance(event, ComposedDpEvent):
+    for e in event.events:
+      yield from _sampled_subtrees(e)
+  elif isinstance(event, SelfComposedDpEvent):
+    yield from _sampled_subtrees(event.event)
+
+
 def contains_sampling(event: DpEvent) -> bool:
   """Whether the tree holds a subsampled event (amplification depends on the relation)."""
-  if isinstance(event, (PoissonSampledDpEvent, SampledWithoutReplacementDpEvent)):
-    return True
-  if isinstance(event, ComposedDpEvent):
-    return any(contains_sampling(e) for e in event.events)
-  if isinstance(event, SelfComposedDpEvent):
-    return contains_sampling(event.event)
-  return False
+  return any(True for _ in _sampled_subtrees(event))
 
 
 def sampling_is_replace_one_accountable(event: DpEvent) -> bool:
@@ -311,21 +316,13 @@ def sampling_is_replace_one_accountable(event: DpEvent) -> bool:
 
   Under ``replace_one`` neighbours these are the only subsampled events jaxdp
   accounts (by PLD, see :func:`replace_one_sampled_gaussian_std`); every other
-  amplification bound here is proven for add/remove only.
+  amplification bound here is proven for add/remove only. Tagged on purpose: an
+  untagged dp_accounting Gaussian usually carries DP-SGD's ``z = sigma / C``
+  (add/remove), which read as ``sigma / (2C)`` would halve the sensitivity.
   """
-  if isinstance(event, PoissonSampledDpEvent):
-    # Tagged on purpose: an untagged dp_accounting Gaussian usually carries DP-SGD's
-    # z = sigma / C (add/remove), which read as sigma / (2C) would halve the sensitivity.
-    inner = event.event
-    return (isinstance(inner, _DpaGaussianDpEvent)
-            and getattr(inner, "neighbouring", None) == REPLACE_ONE)
-  if isinstance(event, SampledWithoutReplacementDpEvent):
-    return False
-  if isinstance(event, ComposedDpEvent):
-    return all(sampling_is_replace_one_accountable(e) for e in event.events)
-  if isinstance(event, SelfComposedDpEvent):
-    return sampling_is_replace_one_accountable(event.event)
-  return True
+  return all(isinstance(s, PoissonSampledDpEvent) and isinstance(s.event, _DpaGaussianDpEvent)
+             and getattr(s.event, "neighbouring", None) == REPLACE_ONE
+             for s in _sampled_subtrees(event))
 
 
 def replace_one_sampled_gaussian_std(noise_multiplier: float) -> float:

@@ -227,25 +227,30 @@ reg.register(reg.ReleasePoint(
 # -- linear_dpsgd -----------------------------------------------------------------
 
 
-def _linear_dpsgd(key, data):
+def _linear_dpsgd(key, data, **relation):
   from jaxdp.training import dpsgd
   n = len(data["y"])
   return dpsgd.linear_dpsgd(
       key, data["x"], data["y"], num_classes=K, noise_multiplier=SIGMA, delta=DELTA,
       epochs=1.0, expected_batch_size=float(n), l2_clip_norm=CLIP, learning_rate=float(n),
-      momentum=0.0)
+      momentum=0.0, **relation)
 
 
-reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.linear_dpsgd",
-    release=_linear_dpsgd,
+# The fields both linear_dpsgd entries (add/remove, replace-one) share.
+_LINEAR_DPSGD = dict(
     vector=lambda out: -_flat(out.weights),
     charged=None,
     fresh=None,
     audit=reg.AuditSpec(statistic=lambda out: _projection_statistic(-_flat(out.weights)),
                         trials=500, slow_trials=20_000),
     public_outputs=("event", "noise_multiplier", "sample_rate", "steps", "padded_size",
-                    "epsilon", "delta"),
+                    "epsilon", "delta"))
+
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.training.dpsgd.linear_dpsgd",
+    release=_linear_dpsgd,
+    **_LINEAR_DPSGD,
     **_common(skip={"charge": "linear_dpsgd spends on no accountant: it returns the event of one "
                               "run in result.event (M keys release M models; the caller spends "
                               "it M times), checked in tests/training/dpsgd/test_dpsgd_linear.py"})))
@@ -281,15 +286,6 @@ def replace_one_pairs(d: int = D) -> list[tuple[dict, dict]]:
   ]
 
 
-def _linear_dpsgd_replace_one(key, data):
-  from jaxdp.training import dpsgd
-  n = len(data["y"])
-  return dpsgd.linear_dpsgd(
-      key, data["x"], data["y"], num_classes=K, noise_multiplier=SIGMA, delta=DELTA,
-      epochs=1.0, expected_batch_size=float(n), l2_clip_norm=CLIP, learning_rate=float(n),
-      momentum=0.0, accountant="pld", neighbouring="replace_one")
-
-
 def step_event_replace_one() -> events.DpEvent:
   """One DP-SGD step at q = 1 for replace-one: ``PoissonSampled(1, Gaussian(sigma / 2))``."""
   return events.PoissonSampledDpEvent(
@@ -298,14 +294,8 @@ def step_event_replace_one() -> events.DpEvent:
 
 reg.register(reg.ReleasePoint(
     name="jaxdp.training.dpsgd.linear_dpsgd[neighbouring=replace_one]",
-    release=_linear_dpsgd_replace_one,
-    vector=lambda out: -_flat(out.weights),
-    charged=None,
-    fresh=None,
-    audit=reg.AuditSpec(statistic=lambda out: _projection_statistic(-_flat(out.weights)),
-                        trials=500, slow_trials=20_000),
-    public_outputs=("event", "noise_multiplier", "sample_rate", "steps", "padded_size",
-                    "epsilon", "delta"),
+    release=functools.partial(_linear_dpsgd, accountant="pld", neighbouring="replace_one"),
+    **_LINEAR_DPSGD,
     **_common(neighbouring="replace_one", pairs=replace_one_pairs, event=step_event_replace_one,
               epsilon=gaussian_epsilon(2 * CLIP / (SIGMA * CLIP), DELTA), sensitivity=2 * CLIP,
               guarantee=("(eps, delta)-DP for replacing one example: the Poisson-subsampled "

@@ -638,9 +638,8 @@ def make_private(
     raise ValueError("give exactly one of epochs or steps.")
   t_planned = (dpsgd_accounting.steps_for_epochs(epochs, q) if steps is None
                else _validation.check_positive_int(steps, "steps"))
-  if accountant_method not in ("rdp", "pld"):
-    raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
-  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method)
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
+                                                            "accountant_method")
   if delta is not None:
     delta = _validation.check_delta(delta, allow_zero=False)
   unit = events.check_unit(unit)

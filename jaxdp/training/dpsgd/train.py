@@ -295,9 +295,8 @@ def train_dpsgd(
   """
   _validation.check_key(key)
   # Every input is checked here, before any calibration, gradient or spend.
-  if accountant_method not in ("rdp", "pld"):
-    raise ValueError(f"accountant_method must be 'rdp' or 'pld', got {accountant_method!r}.")
-  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method)
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
+                                                            "accountant_method")
   if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
           or hasattr(accountant, "spend")):
     raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
