@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 import pathlib
 import sys
+import textwrap
 import time
 
 import jax
@@ -237,12 +238,21 @@ def plot(rows, path, title, metadata=None):
       ax.set_ylabel("test accuracy")
       ax.grid(alpha=0.3)
   over = f" and {splits} random splits" if splits > 1 else ""
-  axes[0][0].legend(fontsize=7, title=("error bars: ±1 s.d. (private methods: over noise\n"
-                                       f"draws{over}; indiv: over parties{over}"
-                                       + (f";\nbatch: over splits)" if splits > 1 else ")")),
-                    title_fontsize=6)
-  fig.suptitle(title, fontsize=10)
-  fig.tight_layout()
+  note = ("error bars: ±1 s.d. (private methods: over noise draws" + over
+          + "; indiv: over parties" + over + ("; batch: over splits)" if splits > 1 else ")"))
+  # Legend and note below the panels, the title wrapped to the figure's width: nothing drawn
+  # over a curve, nothing cut at the edges.
+  handles = {}
+  for ax in axes.ravel():
+    for handle, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, handle)
+  width_chars = int(fig.get_figwidth() * 72 / 6.5)  # ~6.5 pt per character at fontsize 10
+  fig.suptitle(textwrap.fill(title, width_chars), fontsize=10)
+  legend = fig.legend(list(handles.values()), list(handles), loc="lower center",
+                      bbox_to_anchor=(0.5, 0.0), ncol=len(handles), fontsize=7, frameon=False,
+                      title=textwrap.fill(note, int(width_chars * 1.4)), title_fontsize=6)
+  top = legend.get_window_extent(fig.canvas.get_renderer()).y1 / fig.bbox.height
+  fig.tight_layout(rect=(0, top, 1, 1))
   fig.savefig(path, dpi=120, metadata=metadata)
   plt.close(fig)
 
