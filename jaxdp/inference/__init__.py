@@ -11,12 +11,16 @@ Release points (they spend on an accountant or describe their DpEvent): :func:`c
 from (the ERM minimiser, the Hessian and the gradient covariance, Eqs. 3.1, 4.2-4.3) live
 under :mod:`jaxdp.inference.nonprivate`, a name that says what they are: their outputs on
 private data must be released through PrivSPDMat or an equivalent mechanism.
+
+:class:`CoverageWarning` (rule: :func:`coverage_warning`) marks configurations whose
+intervals are known to cover less often than nominal (the Huberized hinge; objective
+perturbation with ``n eps_1 < OBJECTIVE_MIN_N_EPS1``).
 """
 
 from jaxdp.inference.intervals import (
-    FLOORS, PERTURBATIONS, PRIVACY, TABLE2_FRACTIONS, BudgetSplit, Calibration,
-    ConfidenceIntervals, budget_split, calibrate, confidence_intervals,
-    confidence_intervals_batched)
+    FLOORS, OBJECTIVE_MIN_N_EPS1, PERTURBATIONS, PRIVACY, TABLE2_FRACTIONS, BudgetSplit,
+    Calibration, ConfidenceIntervals, CoverageWarning, budget_split, calibrate,
+    confidence_intervals, confidence_intervals_batched, coverage_warning)
 from jaxdp.inference import nonprivate
 from jaxdp.inference.sensitivities import (
     as_signed_labels, covariance_sensitivity, hessian_sensitivity,
@@ -26,9 +30,10 @@ from jaxdp.inference.spd_release import (
     priv_spd_matrix, priv_spd_matrix_event, spd_noise, symmetrize_and_floor)
 
 __all__ = [
-    "FLOORS", "PERTURBATIONS", "PRIVACY", "TABLE2_FRACTIONS", "BudgetSplit", "Calibration",
-    "ConfidenceIntervals", "budget_split", "calibrate", "confidence_intervals",
-    "confidence_intervals_batched", "as_signed_labels", "covariance_sensitivity",
+    "FLOORS", "OBJECTIVE_MIN_N_EPS1", "PERTURBATIONS", "PRIVACY", "TABLE2_FRACTIONS",
+    "BudgetSplit", "Calibration", "ConfidenceIntervals", "CoverageWarning", "budget_split",
+    "calibrate", "confidence_intervals", "confidence_intervals_batched", "coverage_warning",
+    "as_signed_labels", "covariance_sensitivity",
     "hessian_sensitivity", "nonprivate",
     "huber_covariance_sensitivity", "huber_hessian_sensitivity",
     "logistic_covariance_sensitivity", "logistic_hessian_sensitivity", "loss_derivatives",

@@ -13,6 +13,9 @@ from jaxdp.inference import intervals as ci
 from jaxdp.inference import sensitivities as sens
 from jaxdp.training import certified_solve
 
+# The coverage warning has its own tests (test_interval_replicates.py); here it is noise.
+pytestmark = pytest.mark.filterwarnings("ignore::jaxdp.inference.CoverageWarning")
+
 
 def _logistic_pool(seed=0, n=1500, d=3):
   """Simulated logistic data with an intercept, rows in the unit ball."""
@@ -295,11 +298,13 @@ def test_batched_chunks_in_threads_are_bit_identical_to_sequential(monkeypatch):
                                rtol=delta / cal.l2_reg, atol=1e-12)
 
 
-@pytest.mark.parametrize("floor,expected", [("paper", 0.002), ("psd", 0.0)])
+@pytest.mark.parametrize("floor,expected", [(None, 0.002), ("paper", 0.002), ("psd", 0.0)])
 def test_floors(floor, expected):
+  """Algorithm 2's floor 2c = Lambda on both matrices by default; "psd" floors Sigma~ at 0."""
   x, y = _logistic_pool()
+  kw = {} if floor is None else dict(floor=floor)
   # Exact quantiles, the default num_samples: the compiled pipeline of the tests above.
-  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, epsilon=1.0, floor=floor)
+  out, cal = ci.confidence_intervals(jax.random.key(4), x, y, epsilon=1.0, **kw)
   assert cal.covariance_floor == expected and cal.hessian_floor == 0.002
   assert np.linalg.eigvalsh(out.covariance).min() >= expected - 1e-9
   assert np.linalg.eigvalsh(out.hessian).min() >= 0.002 - 1e-9

@@ -86,7 +86,7 @@ def run_release(num_keys=NUM_KEYS, accountant=None, seed=0):
   keys = jax.random.split(jax.random.key(seed), num_keys)
   out, cal = ci.confidence_intervals_batched(
       keys, x, y, rho=RHO, fractions=FRACTIONS, perturbation="output", l2_reg=L2_REG,
-      accountant=accountant)
+      floor="psd", accountant=accountant)
   return out, cal
 
 
