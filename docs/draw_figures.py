@@ -6,13 +6,14 @@ Usage (from any directory; no data set, no training, about 30 s on two CPU cores
   python docs/draw_figures.py --check  # change nothing; exit 1 if a figure or table is stale
 
 The figures are drawn by the experiments' own plotting functions
-(``plot`` of ``experiments/tradeoffs.py``, ``experiments/confidence_intervals.py``,
-``experiments/multiparty.py`` and ``experiments/survey_models.py``) from the rows
-of the CSVs in :data:`FIGURES`, the one table of which figure is drawn from which
-CSV. Each PNG carries PNG text entries: ``Source``,
-the sha256 of every CSV it was drawn from, and ``Command``, the command that
-drew it; ``--check`` (and ``tests/test_docs_figures.py``) compare them with the
-CSVs, so a CSV edited without redrawing its figure is caught.
+(``plot`` of ``experiments/tradeoffs.py``, ``experiments/multiparty.py`` and
+``experiments/survey_models.py``, ``plot_study`` of ``experiments/confidence_intervals.py``)
+from the rows of the CSVs in :data:`FIGURES`, the one table of which figure is drawn from
+which CSV (a confidence-interval figure is listed once its study's CSV is in
+``docs/data``). Each PNG carries PNG text entries: ``Source``, the sha256 of
+every CSV it was drawn from, and ``Command``, the command that drew it;
+``--check`` (and ``tests/test_docs_figures.py``) compare them with the CSVs, so
+a CSV edited without redrawing its figure is caught.
 
 The tables of ``docs/results.md`` that quote the figures' numbers sit between
 ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->`` and are written by
@@ -45,9 +46,10 @@ class Figure(NamedTuple):
 
   ``plot``: the experiment whose ``plot`` draws it; ``csvs``: its rows, in
   ``docs/data``; ``figure``/``dataset``: the ``configs/tradeoffs.py`` figure and
-  data set (tradeoffs; survey models: ``dataset`` only, the rows do not name it);
-  ``output``: the file that ``plot`` writes (confidence intervals, which writes
-  one directory of figures).
+  data set (tradeoffs; survey models: ``dataset`` only, the rows do not name it;
+  confidence intervals: ``figure`` is the study); ``output``: the file that the
+  confidence-interval experiment's ``plot_study`` writes for the study (one
+  directory of figures).
   """
   plot: str
   csvs: tuple[str, ...]
@@ -73,15 +75,6 @@ FIGURES = {
                                     "mnist"),
     "tradeoffs_fig6b_mnist": Figure("tradeoffs", ("tradeoffs_fig6b_mnist.csv",), "fig6b",
                                     "mnist"),
-    "confidence_intervals_adult_coverage_length": Figure(
-        "confidence_intervals", ("confidence_intervals_adult_coverage.csv",),
-        output="coverage_length.png"),
-    "confidence_intervals_adult_ci_vs_vi": Figure(
-        "confidence_intervals", ("confidence_intervals_adult_coverage.csv",),
-        output="ci_vs_vi.png"),
-    "confidence_intervals_adult_budget_split": Figure(
-        "confidence_intervals", ("confidence_intervals_adult_split.csv",),
-        output="budget_split.png"),
     "multiparty_fig2_mnist_standin": Figure("multiparty",
                                             ("multiparty_fig2_mnist_standin.csv",)),
     "multiparty_fig3_kdd": Figure("multiparty", ("multiparty_fig3_kdd.csv",)),
@@ -91,6 +84,43 @@ FIGURES = {
     "survey_models_mnist": Figure("survey_models", ("survey_models_mnist.csv",),
                                   dataset="mnist"),
 }
+
+
+def _ci_grid_csv(dataset: str) -> str:
+  """The grid study's CSV: ``..._grid.csv``, or ``..._coverage.csv`` where only that is
+  committed (the same rows without the ``study`` column)."""
+  name = f"confidence_intervals_{dataset}_grid.csv"
+  return name if (DATA / name).is_file() else f"confidence_intervals_{dataset}_coverage.csv"
+
+
+def _ci_figures() -> dict[str, Figure]:
+  """The confidence-interval figures (paper 003 Sec. 7): ``confidence_intervals_<dataset>_
+  <study>.png`` from ``confidence_intervals_<dataset>_<study>.csv`` (the study's CSV of
+  ``experiments/confidence_intervals.py``), and the grid study's coverage/length and CI-vs-VI
+  figures. A figure is drawn once its CSV is committed."""
+  figures = {
+      "confidence_intervals_adult_coverage_length": Figure(
+          "confidence_intervals", (_ci_grid_csv("adult"),), "grid", "adult",
+          "coverage_length.png"),
+      "confidence_intervals_adult_ci_vs_vi": Figure(
+          "confidence_intervals", (_ci_grid_csv("adult"),), "grid", "adult", "ci_vs_vi.png"),
+      "confidence_intervals_adult_budget_split": Figure(
+          "confidence_intervals", ("confidence_intervals_adult_split.csv",), "split", "adult",
+          "budget_split.png"),
+  }
+  studies = {"adult": ("grid", "split23", "vi_n", "vi_d", "epsilon_fit", "sample_complexity"),
+             "kddcup99": ("epsilon_grid", "vi_epsilon", "sample_complexity"),
+             "bank": ("sample_complexity",)}
+  for dataset, names in studies.items():
+    for study in names:
+      name = f"confidence_intervals_{dataset}_{study}"
+      figures[name] = Figure("confidence_intervals", (f"{name}.csv",), study, dataset,
+                             f"{study}.png")
+  return {name: fig for name, fig in figures.items()
+          if all((DATA / c).is_file() for c in fig.csvs)}
+
+
+FIGURES.update(_ci_figures())
 
 
 class Table(NamedTuple):
@@ -270,19 +300,17 @@ def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
       experiment("survey_models").plot(rows, _survey_config(fig.dataset, rows),
                                        out_dir / f"{name}.png", metadata=metadata(name))
       written.append(out_dir / f"{name}.png")
-  # confidence intervals: one call of plot draws every figure of a CSV (coverage: two).
-  by_csv = {}
+  # confidence intervals: one plot_study call draws every figure of a study's CSV (grid: three).
+  by_study = {}
   for name in names:
-    if FIGURES[name].plot == "confidence_intervals":
-      by_csv.setdefault(FIGURES[name].csvs, []).append(name)
-  for csvs, group in by_csv.items():
+    fig = FIGURES[name]
+    if fig.plot == "confidence_intervals":
+      by_study.setdefault((fig.csvs, fig.figure), []).append(name)
+  for (csvs, study), group in by_study.items():
     rows = read_rows(csvs[0])
-    split = any(FIGURES[n].output == "budget_split.png" for n in group)
-    if split and len(group) > 1:
-      raise ValueError(f"budget_split.png is the only figure of {csvs[0]}, got {group}.")
     with tempfile.TemporaryDirectory() as tmp:
-      experiment("confidence_intervals").plot([] if split else rows, rows if split else [],
-                                              pathlib.Path(tmp), metadata=metadata(group[0]))
+      experiment("confidence_intervals").plot_study(study, rows, pathlib.Path(tmp),
+                                                    metadata=metadata(group[0]))
       for name in group:
         shutil.move(pathlib.Path(tmp) / FIGURES[name].output, out_dir / f"{name}.png")
         written.append(out_dir / f"{name}.png")
