@@ -44,7 +44,6 @@ _INT_FIELDS = ("n", "d", "replicates", "n_nonprivate", "n_private")
 _FLOAT_FIELDS = ("epsilon", "rho", "phi1_fraction", "phi2_share", "coverage", "coverage_se",
                  "length", "length_se", "vi_length", "seconds_per_interval",
                  "nonprivate_length", "private_length")
-_BOOL_FIELDS = ("coverage_warning",)
 _STUDY_AXES = {"vi_n": ("n", "n", True), "vi_d": ("d", "d", False),
                "vi_epsilon": ("epsilon", "ε  (ρ = ε²/2)", True)}
 
@@ -57,23 +56,21 @@ def _missing(value):
 
 
 def coerce_row(row: Mapping) -> dict:
-  """``row`` with typed values: the numeric fields as ``int`` / ``float``, ``coverage_warning``
-  as ``bool``, empty strings and ``"None"`` as ``None`` (e.g. a ``n_private`` past ``max_n``).
+  """``row`` with typed values: the numeric fields as ``int`` / ``float``, empty strings and
+  ``"None"`` as ``None`` (e.g. a ``n_private`` past ``max_n``); text fields (``variant``,
+  ``coverage_warning``: the warning's message or ``""``) as they are.
   Unknown fields are kept as they are. Works on rows as written and as read back by
   :class:`csv.DictReader` (all strings)."""
   if not isinstance(row, Mapping):
     raise TypeError(f"rows: each row must be a mapping, got {type(row).__name__}")
   out = dict(row)
   for field, value in row.items():
-    if field in _INT_FIELDS + _FLOAT_FIELDS + _BOOL_FIELDS and _missing(value):
+    if field in _INT_FIELDS + _FLOAT_FIELDS and _missing(value):
       out[field] = None
     elif field in _INT_FIELDS:
       out[field] = int(float(value))
     elif field in _FLOAT_FIELDS:
       out[field] = float(value)
-    elif field in _BOOL_FIELDS:
-      out[field] = (value.strip().lower() in ("true", "1", "yes") if isinstance(value, str)
-                    else bool(value))
   return out
 
 

@@ -170,7 +170,7 @@ def _row(study, variant, *, n=10000, d=10, epsilon=1.0, **kw):
               n=n, d=d, epsilon=epsilon, rho=epsilon**2 / 2 if zcdp else "",
               phi1_fraction=0.8, phi2_share=0.5, coverage=0.96, coverage_se=0.005,
               length=length, length_se=0.01 * length, vi_length=0.6 * length, replicates=100,
-              seconds_per_interval=0.01, coverage_warning=False)
+              seconds_per_interval=0.01, coverage_warning="")
   base.update(kw)
   return base
 
@@ -244,9 +244,10 @@ def test_ci_vs_vi_axis_follows_the_study():
 
 
 def test_coerce_row_types():
-  row = clm.coerce_row({"n": "2500", "epsilon": "0.5", "rho": "", "coverage_warning": "True",
+  warning = "objective perturbation with n * eps_1 below 3000"
+  row = clm.coerce_row({"n": "2500", "epsilon": "0.5", "rho": "", "coverage_warning": warning,
                         "n_private": "None", "variant": "output_pure"})
-  assert row == {"n": 2500, "epsilon": 0.5, "rho": None, "coverage_warning": True,
+  assert row == {"n": 2500, "epsilon": 0.5, "rho": None, "coverage_warning": warning,
                  "n_private": None, "variant": "output_pure"}
 
 
