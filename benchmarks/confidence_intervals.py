@@ -33,7 +33,7 @@ length within Monte Carlo error with it on.
 
 Ratios are measured in one run. Prints one JSON object of the figures as its last line.
 
-  python benchmarks/confidence_intervals.py [--quick]
+  python benchmarks/confidence_intervals.py [--quick] [--numpy-reference-only]
 """
 
 from __future__ import annotations
@@ -285,6 +285,8 @@ def numpy_reference(x, y, quick, chunk_size):
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--quick", action="store_true", help="fewer repeats and replicates")
+  parser.add_argument("--numpy-reference-only", action="store_true",
+                      help="only the side-by-side timing against the numpy reference")
   args = parser.parse_args()
   reps = 5 if args.quick else 100
   chunk = 25 if args.quick else 50  # one compiled chunk shape per call in --quick
@@ -296,6 +298,10 @@ def main():
                  load_average=os.getloadavg()[0])
   print(f"{source}: n = {n}, d = {dim - 1} (+ constant); load average "
         f"{figures['load_average']:.1f} on {os.cpu_count()} cores (timings under contention)")
+
+  if args.numpy_reference_only:
+    _numpy_reference_section(figures, x, y, n, args.quick, chunk)
+    return
 
   # Solver comparison (logistic, non-private objective of one interval).
   with jax.enable_x64(True):
@@ -378,11 +384,17 @@ def main():
     figures[f"{k}_speedup_vs_paper"] = v / figures[f"{k}_single_s"]
   print("speed-up of a single call vs paper 003 Table 3 (Adult, d = 10): " + ", ".join(
       f"{k} {figures[f'{k}_speedup_vs_paper']:.0f}x" for k in paper))
+  _numpy_reference_section(figures, x, y, n, args.quick, chunk)
+
+
+def _numpy_reference_section(figures, x, y, n, quick, chunk):
+  """Runs :func:`numpy_reference`, adds it to ``figures`` and prints ``figures`` as the final
+  JSON line."""
   print(f"jaxdp confidence_intervals_batched (one host thread per core) vs the numpy reference "
         f"(benchmarks/numpy_intervals.py; one replicate at a time, BLAS on one thread), wall and "
         f"CPU seconds per interval, bootstrap replicates of n of the {n} rows (load average "
         f"{os.getloadavg()[0]:.1f}):")
-  table, checks, api, blas = numpy_reference(x, y, args.quick, chunk)
+  table, checks, api, blas = numpy_reference(x, y, quick, chunk)
   figures.update(numpy_reference=table, numpy_reference_checks=checks,
                  numpy_reference_replicates_as=api, numpy_reference_blas_threads=blas)
   print(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
