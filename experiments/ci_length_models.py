@@ -209,8 +209,9 @@ def length_fits(rows) -> list[dict]:
 
   Rows whose study is ``"epsilon_fit"`` are fitted in ``epsilon`` (series: fixed ``n`` and
   ``d``; keys ``c0``, ``c1``, ``notion`` and the :func:`fit_quality` keys). All other rows are
-  fitted in ``n`` (series: fixed ``d`` and ``epsilon``; keys ``c0``, ``c1``, ``quality`` of
-  :func:`fit_inverse_n`, ``c``, ``quality_sqrt`` of :func:`fit_inverse_sqrt_n`). Series with
+  fitted in ``n`` (series: fixed ``d``, ``epsilon`` and ``floor``; keys ``c0``, ``c1``,
+  ``quality`` of :func:`fit_inverse_n`, ``c``, ``quality_sqrt`` of :func:`fit_inverse_sqrt_n`).
+  Series with
   fewer than 3 distinct ``x`` values are skipped (a 2-parameter fit through 2 points says
   nothing about the model).
   """
@@ -222,7 +223,7 @@ def length_fits(rows) -> list[dict]:
       key = ("epsilon_fit", r.get("dataset"), r.get("loss"), r["variant"], r.get("n"), r.get("d"))
     else:
       key = (r.get("study"), r.get("dataset"), r.get("loss"), r["variant"], r.get("d"),
-             r.get("epsilon"))
+             r.get("epsilon"), r.get("floor"))
     groups.setdefault(key, []).append(r)
   fits = []
   for key in sorted(groups, key=lambda k: tuple(str(v) for v in k)):
@@ -243,7 +244,7 @@ def length_fits(rows) -> list[dict]:
     else:
       c0, c1 = fit_inverse_n(x, y)
       c = fit_inverse_sqrt_n(x, y)
-      fits.append(dict(base, axis="n", d=key[4], epsilon=key[5], c0=c0, c1=c1,
+      fits.append(dict(base, axis="n", d=key[4], epsilon=key[5], floor=key[6], c0=c0, c1=c1,
                        quality=fit_quality(inverse_n_curve(x, c0, c1), y), c=c,
                        quality_sqrt=fit_quality(inverse_sqrt_n_curve(x, c), y)))
   return fits
@@ -596,6 +597,12 @@ def plot_length_fits(rows, path, *, metadata=None):
     rows = [r for r in rows if r["d"] == 5]
     if not rows:
       raise ValueError("rows: no rows at d = 5 (the n fits of Figs. 17-18 use d = 5)")
+    # The paper's figures: logistic regression, and of a grid run with several eigenvalue
+    # floors the library's default ("paper").
+    if any(r.get("loss") == "logistic" for r in rows):
+      rows = [r for r in rows if r.get("loss") in (None, "logistic")]
+    if len({r.get("floor") for r in rows}) > 1:
+      rows = [r for r in rows if r.get("floor") == "paper"]
   fits = length_fits(rows)
   variants = _variants(rows)
   varying = _varying(fits, ("study", "dataset", "loss", "epsilon", "n", "d"))
