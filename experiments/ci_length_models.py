@@ -211,9 +211,8 @@ def length_fits(rows) -> list[dict]:
   ``d``; keys ``c0``, ``c1``, ``notion`` and the :func:`fit_quality` keys). All other rows are
   fitted in ``n`` (series: fixed ``d``, ``epsilon`` and ``floor``; keys ``c0``, ``c1``,
   ``quality`` of :func:`fit_inverse_n`, ``c``, ``quality_sqrt`` of :func:`fit_inverse_sqrt_n`).
-  Series with
-  fewer than 3 distinct ``x`` values are skipped (a 2-parameter fit through 2 points says
-  nothing about the model).
+  Series with fewer than 3 distinct ``x`` values are skipped (a 2-parameter fit through 2
+  points says nothing about the model).
   """
   rows = coerce_rows(rows)
   _require(rows, ("variant", "length"))
