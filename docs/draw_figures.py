@@ -151,6 +151,117 @@ TABLES = {
 }
 
 
+class CiTable(NamedTuple):
+  """A confidence-interval table of ``docs/results.md`` (paper 003), from one study's CSV.
+
+  ``kind``: the layout (:func:`_ci_table`); ``loss``/``floor``: the rows shown (grid study).
+  """
+  csv: str
+  kind: str
+  loss: str = "logistic"
+  floor: str = "paper"
+
+
+_CI_TABLES = {
+    "confidence_intervals_adult_grid": CiTable("confidence_intervals_adult_grid.csv", "grid"),
+    "confidence_intervals_adult_grid_psd": CiTable("confidence_intervals_adult_grid.csv", "grid",
+                                                   floor="psd"),
+    "confidence_intervals_adult_grid_huber": CiTable("confidence_intervals_adult_grid.csv",
+                                                     "grid", loss="huber"),
+    "confidence_intervals_adult_split23": CiTable("confidence_intervals_adult_split23.csv",
+                                                  "split23"),
+    "confidence_intervals_kddcup99_epsilon_grid": CiTable(
+        "confidence_intervals_kddcup99_epsilon_grid.csv", "epsilon_grid"),
+    "confidence_intervals_adult_vi_n": CiTable("confidence_intervals_adult_vi_n.csv", "vi"),
+    "confidence_intervals_adult_vi_d": CiTable("confidence_intervals_adult_vi_d.csv", "vi"),
+    "confidence_intervals_kddcup99_vi_epsilon": CiTable(
+        "confidence_intervals_kddcup99_vi_epsilon.csv", "vi"),
+    "confidence_intervals_adult_length_fits": CiTable("confidence_intervals_adult_grid.csv",
+                                                      "fits_n"),
+    "confidence_intervals_adult_epsilon_fit": CiTable("confidence_intervals_adult_epsilon_fit.csv",
+                                                      "fits_epsilon"),
+}
+for _dataset in ("adult", "kddcup99", "bank"):
+  _CI_TABLES[f"confidence_intervals_{_dataset}_sample_complexity"] = CiTable(
+      f"confidence_intervals_{_dataset}_sample_complexity.csv", "sample_complexity")
+# A table is generated once its CSV is committed.
+TABLES.update({name: spec for name, spec in _CI_TABLES.items() if (DATA / spec.csv).is_file()})
+
+CI_VARIANTS = ("objective_pure", "output_pure", "objective_zcdp", "output_zcdp")
+CI_LABELS = ("obj ε-DP", "out ε-DP", "obj zCDP", "out zCDP")
+
+
+def _markdown(header, body) -> str:
+  return "\n".join("| " + " | ".join(str(c) for c in cells) + " |" for cells in
+                   [header, ["---"] * len(header)] + body)
+
+
+def _by_variant(rows, keys, cell) -> list[list[str]]:
+  """One line per value of ``keys`` (sorted), one column per variant: ``cell(row)``."""
+  lines = {}
+  for r in rows:
+    lines.setdefault(tuple(r[k] for k in keys), {})[r["variant"]] = r
+  return [[f"{v:,}" if isinstance(v, int) else f"{v:g}" for v in key]
+          + [cell(by[v]) if v in by else "" for v in CI_VARIANTS]
+          for key, by in sorted(lines.items())]
+
+
+def _coverage_cell(r) -> str:
+  return f"{r['coverage']:.3f} / {r['length']:.3g}" + (" †" if r.get("coverage_warning") else "")
+
+
+def _ci_table(spec: CiTable) -> str:
+  """The markdown of a confidence-interval table (paper 003) from its study's CSV."""
+  rows = read_rows(spec.csv)
+  if spec.kind == "grid":
+    rows = [r for r in rows if r["loss"] == spec.loss and r["floor"] == spec.floor]
+    body = _by_variant(rows, ("d", "n"), _coverage_cell)
+    text = _markdown(["d", "n"] + list(CI_LABELS), body)
+    below = [r for r in rows if r["coverage"] < 0.95]
+    flagged = [r for r in below if r.get("coverage_warning")]
+    return (text + f"\n\nCells below 0.95: {len(below)} of {len(rows)}; flagged by "
+            f"`CoverageWarning` (†): {len(flagged)} of them "
+            f"({sum(1 for r in rows if r.get('coverage_warning'))} cells flagged in all).")
+  if spec.kind == "split23":
+    return _markdown(["d", "φ₂/(φ − φ₁)"] + list(CI_LABELS),
+                     _by_variant(rows, ("d", "phi2_share"), _coverage_cell))
+  if spec.kind == "epsilon_grid":
+    body = _by_variant(rows, ("n", "epsilon"), _coverage_cell)
+    below = [r for r in rows if r["coverage"] < 0.95]
+    flagged = [r for r in below if r.get("coverage_warning")]
+    return (_markdown(["n", "ε (ρ = ε²/2)"] + list(CI_LABELS), body)
+            + f"\n\nCells below 0.95: {len(below)} of {len(rows)}; flagged by "
+            f"`CoverageWarning` (†): {len(flagged)} of them.")
+  if spec.kind == "vi":
+    axis = {"vi_n": "n", "vi_d": "d", "vi_epsilon": "epsilon"}[rows[0]["study"]]
+    return _markdown([axis] + list(CI_LABELS), _by_variant(
+        rows, (axis,), lambda r: f"{r['length']:.3g} / {r['vi_length']:.3g} "
+        f"({r['coverage']:.3f})"))
+  if spec.kind == "sample_complexity":
+    lines = {}
+    for r in rows:
+      lines.setdefault((r["n_nonprivate"], r["nonprivate_length"]), {})[r["variant"]] = r
+    body = [[f"{k[0]:,}", f"{k[1]:.3g}"] + [
+        ("" if v not in by else f"{by[v]['n_private']:,}" if isinstance(by[v]["n_private"], int)
+         else "> max") for v in CI_VARIANTS] for k, by in sorted(lines.items())]
+    return _markdown(["n' (non-private)", "non-private length"] + list(CI_LABELS), body)
+  lm = experiment("ci_length_models")
+  if spec.kind == "fits_n":
+    rows = [r for r in rows if r["loss"] == "logistic" and r["floor"] == "paper" and r["d"] == 5]
+    fits = {f["variant"]: f for f in lm.length_fits(rows)}
+    return _markdown(["variant", "c₀", "c₁", "R² (c₀/n + c₁/√n)", "c", "R² (c/√n)"], [
+        [label, f"{f['c0']:.4g}", f"{f['c1']:.4g}", f"{f['quality']['r2']:.4f}",
+         f"{f['c']:.4g}", f"{f['quality_sqrt']['r2']:.4f}"]
+        for label, f in ((lab, fits[v]) for v, lab in zip(CI_VARIANTS, CI_LABELS) if v in fits)])
+  if spec.kind == "fits_epsilon":
+    fits = {f["variant"]: f for f in lm.length_fits(rows)}
+    return _markdown(["variant", "model", "c₀", "c₁", "R²", "max relative error"], [
+        [label, "√(c₀/ε² + c₁)" if f["notion"] == "pure" else "√(c₀/ρ + c₁)", f"{f['c0']:.4g}",
+         f"{f['c1']:.4g}", f"{f['r2']:.4f}", f"{f['max_rel_err']:.3f}"]
+        for label, f in ((lab, fits[v]) for v, lab in zip(CI_VARIANTS, CI_LABELS) if v in fits)])
+  raise ValueError(f"unknown confidence-interval table kind {spec.kind!r}.")
+
+
 def experiment(name: str):
   """``experiments/<name>.py`` as a module, loaded once (the experiments are scripts)."""
   if name not in sys.modules:
@@ -318,8 +429,11 @@ def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 def table(name: str) -> str:
-  """The markdown table of ``TABLES[name]``: mean ± s.d. of every line at every x value."""
+  """The markdown table of ``TABLES[name]``: mean ± s.d. of every line at every x value
+  (confidence intervals: :func:`_ci_table`)."""
   spec = TABLES[name]
+  if isinstance(spec, CiTable):
+    return _ci_table(spec)
   tradeoffs = experiment("tradeoffs")
   rows = read_rows(spec.csv)
   config = _tradeoffs_config(spec.figure, spec.dataset, rows)

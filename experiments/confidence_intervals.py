@@ -193,6 +193,20 @@ def _warning(loss, pert, n, privacy, phi1) -> str:
               theta_epsilon=theta_epsilon(privacy, phi1)) or ""
 
 
+def feasible(*, n, dim, phi, kw) -> bool:
+  """Whether the paper's algorithm exists at this cell: objective perturbation (Algorithm 1)
+  needs ``c > t / (2 n (e^{eps_1} - 1))``, which at the paper's ``c = 0.001`` fails for small
+  ``n eps_1`` (e.g. KDD Cup 99 at ``eps = 0.1``, ``n <= 1,000``). Such cells are left out (no
+  row), as the library refuses them (it would otherwise add extra L2, another algorithm)."""
+  try:
+    _intervals.calibrate(num_examples=int(n), dim=int(dim), **phi, **kw)
+  except ValueError as err:
+    if "l2_reg must be >" in str(err):
+      return False
+    raise
+  return True
+
+
 def run_cell(config, x, y, theta0, *, study, loss, variant, floor, n, epsilon, fractions,
              replicates, key):
   """One cell: ``replicates`` private intervals on bootstrap replicates of size ``n``.
@@ -211,6 +225,8 @@ def run_cell(config, x, y, theta0, *, study, loss, variant, floor, n, epsilon, f
             quantiles=config.quantiles, num_samples=config.num_samples, floor=floor,
             fractions=fractions)
   split = _intervals.budget_split(**phi, perturbation=pert, fractions=fractions)
+  if not feasible(n=n, dim=x.shape[1], phi=phi, kw=kw):
+    return None
   data_key, noise_key = jax.random.split(key)
   covered, lengths, thetas, secs = [], [], [], 0.0
   # At most 2^25 row indices (128 MiB) per call: bootstrap n may be far above the pool's size.
@@ -332,8 +348,9 @@ class Runner:
       row = run_cell(self.config, x, self.y, th0, **args,
                      key=jax.random.fold_in(self.root, results_io.point_seed(key)))
       self.computed += 1
-      self.log.append(key, [row])
-    return self.log.get(key)[0]
+      self.log.append(key, [] if row is None else [row])
+    got = self.log.get(key)
+    return got[0] if got else None  # None: the algorithm does not exist there (feasible)
 
 
 def run_sample_complexity(config, runner):
@@ -348,8 +365,11 @@ def run_sample_complexity(config, runner):
   cells = {}
 
   def length(v, n):
-    cells[(v, n)] = runner(cell(v, n))
-    return cells[(v, n)]["length"]
+    row = runner(cell(v, n))
+    if row is None:  # the algorithm does not exist at this n (feasible): not short enough
+      return math.inf
+    cells[(v, n)] = row
+    return row["length"]
 
   nonprivate = {int(n): length(NONPRIVATE, n) for n in config.nonprivate_ns}
   rows = []
@@ -514,8 +534,10 @@ def run(config):
       rows = []
       for cell in tqdm(study_cells(config, study, len(y)),
                        desc=f"confidence intervals: {study} ({config.dataset})"):
-        rows.append(runner(cell))
-        results_io.write_csv_atomic(out / f"{study}.csv", rows)
+        row = runner(cell)
+        if row is not None:
+          rows.append(row)
+          results_io.write_csv_atomic(out / f"{study}.csv", rows)
     results_io.write_csv_atomic(out / f"{study}.csv", rows)
     by_study[study] = rows
     plot_study(study, rows, out)

@@ -142,3 +142,16 @@ def test_coverage_warning_uses_the_theta_budget_in_pure_dp_terms():
   assert warning("logistic", "objective", 3200, "pure", 0.9)
   assert warning("logistic", "objective", 3200, "zcdp", 0.9) == ""
   assert warning("logistic", "output", 500, "pure", 0.1) == ""
+
+
+def test_cells_where_algorithm_1_does_not_exist_are_left_out():
+  # Paper 003 Alg. 1 needs c > t / (2 n (e^{eps_1} - 1)): at c = 0.001 and eps = 0.1
+  # (eps_1 = 0.065) that is n > 1,860 for logistic regression; output perturbation has no
+  # such condition.
+  ci = _load("experiments/confidence_intervals.py")
+  kw = dict(loss="logistic", l2_reg=0.002, h=0.5, alpha=0.05, quantiles="exact",
+            num_samples=10000, floor="paper", fractions=None)
+  objective, output = dict(kw, perturbation="objective"), dict(kw, perturbation="output")
+  assert not ci.feasible(n=1000, dim=11, phi={"epsilon": 0.1}, kw=objective)
+  assert ci.feasible(n=2000, dim=11, phi={"epsilon": 0.1}, kw=objective)
+  assert ci.feasible(n=1000, dim=11, phi={"epsilon": 0.1}, kw=output)
