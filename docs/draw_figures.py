@@ -168,6 +168,7 @@ _CI_TABLES = {
                                                    floor="psd"),
     "confidence_intervals_adult_grid_huber": CiTable("confidence_intervals_adult_grid.csv",
                                                      "grid", loss="huber"),
+    "confidence_intervals_adult_split": CiTable("confidence_intervals_adult_split.csv", "split"),
     "confidence_intervals_adult_split23": CiTable("confidence_intervals_adult_split23.csv",
                                                   "split23"),
     "confidence_intervals_kddcup99_epsilon_grid": CiTable(
@@ -222,6 +223,10 @@ def _ci_table(spec: CiTable) -> str:
     return (text + f"\n\nCells below 0.95: {len(below)} of {len(rows)}; flagged by "
             f"`CoverageWarning` (†): {len(flagged)} of them "
             f"({sum(1 for r in rows if r.get('coverage_warning'))} cells flagged in all).")
+  if spec.kind == "split":
+    rows = [r for r in rows if r["loss"] == spec.loss]
+    return _markdown(["φ₁/φ"] + list(CI_LABELS), _by_variant(
+        rows, ("phi1_fraction",), lambda r: f"{r['length']:.3f} ({r['coverage']:.3f})"))
   if spec.kind == "split23":
     return _markdown(["d", "φ₂/(φ − φ₁)"] + list(CI_LABELS),
                      _by_variant(rows, ("d", "phi2_share"), _coverage_cell))
