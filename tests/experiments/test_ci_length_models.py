@@ -186,6 +186,9 @@ PAIR = ("objective_pure", "output_zcdp")  # one pure, one zCDP variant: fewer pa
 META = {"Software": "jaxdp test"}
 
 
+# Always on: tests/experiments/test_confidence_intervals_experiment.py draws this figure from
+# the experiment's rows.
+@pytest.mark.slow
 def test_plot_split23_writes_a_png(tmp_path):
   split = [_row("split23", v, d=d, phi2_share=s, coverage=0.9 + 0.1 * s,
                 length=(1 + d) * (1 + (s - 0.5)**2))
@@ -194,6 +197,9 @@ def test_plot_split23_writes_a_png(tmp_path):
   _check_png(tmp_path / "split.png")
 
 
+# Always on: tests/experiments/test_confidence_intervals_experiment.py draws this figure from
+# the experiment's rows.
+@pytest.mark.slow
 def test_plot_epsilon_grid_writes_a_png(tmp_path):
   grid = [_row("epsilon_grid", v, n=n, epsilon=e, coverage=min(1.0, 0.85 + e * n / 2e5))
           for v in PAIR for n in (1000, 5000, 20000) for e in (0.1, 0.5, 1.0, 2.0)]
@@ -201,6 +207,9 @@ def test_plot_epsilon_grid_writes_a_png(tmp_path):
   _check_png(tmp_path / "grid.png")
 
 
+# Always on: tests/experiments/test_confidence_intervals_experiment.py draws this figure from
+# the experiment's rows.
+@pytest.mark.slow
 def test_plot_ci_vs_vi_writes_a_png(tmp_path):
   vi = [_row("vi_epsilon", v, epsilon=x) for v in clm.VARIANTS for x in (0.2, 1.0, 5.0)]
   clm.plot_ci_vs_vi(_as_strings(vi), tmp_path / "vi.png", metadata=META)
@@ -227,6 +236,9 @@ def test_plot_length_fits_in_epsilon_writes_a_png_and_recovers_the_fit(tmp_path)
   assert all((f["c0"], f["c1"]) == pytest.approx((0.01, 0.04), rel=1e-6) for f in fits)
 
 
+# Always on: tests/experiments/test_confidence_intervals_experiment.py draws this figure from
+# the experiment's rows.
+@pytest.mark.slow
 def test_plot_sample_complexity_writes_a_png(tmp_path):
   sc = [dict(dataset=ds, variant=v, n_nonprivate=m, nonprivate_length=1 / m**0.5,
              n_private=None if (v == "objective_pure" and m == 10000) else 5 * m + 2500 * i,
