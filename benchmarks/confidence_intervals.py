@@ -34,6 +34,7 @@ length within Monte Carlo error with it on.
 Ratios are measured in one run. Prints one JSON object of the figures as its last line.
 
   python benchmarks/confidence_intervals.py [--quick] [--numpy-reference-only]
+  python benchmarks/confidence_intervals.py --table3-kdd-only  # Table 3, KDD Cup 99 row
 """
 
 from __future__ import annotations
@@ -80,6 +81,32 @@ def load_adult(d=10):
     from jaxdp.data import normalize_rows
   x = np.concatenate([x, np.ones((len(x), 1))], axis=1)
   return np.asarray(normalize_rows(x, "project"), np.float64), y, source
+
+
+def table3_kdd(reps: int) -> dict:
+  """Paper 003 Table 3's second row: one interval on KDD Cup 99 at n = 450,000, d = 10 (the
+  first 450,000 rows of the 10% training subset; ``$JAXDP_DATA_DIR``), the 4 logistic
+  variants, median wall seconds of ``reps`` end-to-end calls. ``{}`` without the data."""
+  try:
+    from jaxdp import data as jdata  # pylint: disable=import-outside-toplevel
+    from jaxdp.data import normalize_rows  # pylint: disable=import-outside-toplevel
+    ds = jdata.load("kddcup99", add_constant=False, unit_ball=False)
+  except Exception as err:  # pylint: disable=broad-except
+    print(f"KDD Cup 99 not available ({err}); Table 3's KDD row skipped")
+    return {}
+  x = np.asarray(ds.x_train, np.float64)[:450_000, :10]
+  x = np.asarray(normalize_rows(np.concatenate([x, np.ones((len(x), 1))], axis=1), "project"),
+                 np.float64)
+  y = np.asarray(ds.y_train)[:450_000]
+  out = {}
+  for pert in ("objective", "output"):
+    for priv, phi in (("pure", dict(epsilon=1.0)), ("zcdp", dict(rho=0.5))):
+      keys = iter(jax.random.split(jax.random.key(3), 10 * reps))
+      out[f"logistic_{pert}_{priv}"] = _median_time(
+          lambda: confidence_intervals(next(keys), x, y, perturbation=pert, **phi), reps)
+      print(f"  KDD Cup 99, n = {len(y):,}, d = 10, logistic {pert} {priv}: "
+            f"{out[f'logistic_{pert}_{priv}'] * 1e3:.1f} ms per interval")
+  return out
 
 
 CPU_TIMES = {}
@@ -287,6 +314,8 @@ def main():
   parser.add_argument("--quick", action="store_true", help="fewer repeats and replicates")
   parser.add_argument("--numpy-reference-only", action="store_true",
                       help="only the side-by-side timing against the numpy reference")
+  parser.add_argument("--table3-kdd-only", action="store_true",
+                      help="only paper 003 Table 3's KDD Cup 99 row (n = 450,000, d = 10)")
   args = parser.parse_args()
   reps = 5 if args.quick else 100
   chunk = 25 if args.quick else 50  # one compiled chunk shape per call in --quick
@@ -299,6 +328,10 @@ def main():
   print(f"{source}: n = {n}, d = {dim - 1} (+ constant); load average "
         f"{figures['load_average']:.1f} on {os.cpu_count()} cores (timings under contention)")
 
+  if args.table3_kdd_only:
+    figures.update(table3_kdd_s=table3_kdd(3 if args.quick else 10))
+    print(json.dumps(figures))
+    return
   if args.numpy_reference_only:
     _numpy_reference_section(figures, x, y, n, args.quick, chunk)
     return
@@ -384,6 +417,8 @@ def main():
     figures[f"{k}_speedup_vs_paper"] = v / figures[f"{k}_single_s"]
   print("speed-up of a single call vs paper 003 Table 3 (Adult, d = 10): " + ", ".join(
       f"{k} {figures[f'{k}_speedup_vs_paper']:.0f}x" for k in paper))
+  if not args.quick:
+    figures.update(table3_kdd_s=table3_kdd(10))
   _numpy_reference_section(figures, x, y, n, args.quick, chunk)
 
 
