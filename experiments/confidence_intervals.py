@@ -180,17 +180,16 @@ def _intervals_of_chunk(keys, x, y, idx, phi, kw, chunk_size):
   return _intervals.ConfidenceIntervals(*(np.concatenate(f) for f in zip(*parts)))
 
 
-def theta_epsilon(privacy: str, phi1: float) -> float:
-  """``phi_1`` in pure-DP terms: ``epsilon_1``, or ``sqrt(2 rho_1)`` under zCDP (Prop. 1)."""
-  return phi1 if privacy == "pure" else math.sqrt(2.0 * phi1)
+def pure_epsilon(privacy: str, total: float) -> float:
+  """The total budget in pure-DP terms: ``epsilon``, or ``sqrt(2 rho)`` under zCDP."""
+  return total if privacy == "pure" else math.sqrt(2.0 * total)
 
 
-def _warning(loss, pert, n, privacy, phi1) -> str:
-  rule = getattr(_intervals, "coverage_warning", None)
-  if rule is None:
-    return ""
-  return rule(loss=loss, perturbation=pert, num_examples=int(n),
-              theta_epsilon=theta_epsilon(privacy, phi1)) or ""
+def warning_for(loss, pert, n, privacy, total) -> str:
+  """The library's coverage warning for a cell (:func:`jaxdp.inference.coverage_warning`:
+  public quantities only), ``""`` when none."""
+  return _intervals.coverage_warning(loss=loss, perturbation=pert, num_examples=int(n),
+                                     epsilon=pure_epsilon(privacy, total)) or ""
 
 
 def feasible(*, n, dim, phi, kw) -> bool:
@@ -258,7 +257,7 @@ def run_cell(config, x, y, theta0, *, study, loss, variant, floor, n, epsilon, f
               length=float(lengths.mean()), length_se=se(lengths),
               vi_length=float((vi[1] - vi[0]).mean()), replicates=int(replicates),
               seconds_per_interval=secs / replicates,
-              coverage_warning=_warning(loss, pert, n, priv, split.theta))
+              coverage_warning=warning_for(loss, pert, n, priv, total))
 
 
 def _notion(variant: str) -> str:
@@ -350,7 +349,16 @@ class Runner:
       self.computed += 1
       self.log.append(key, [] if row is None else [row])
     got = self.log.get(key)
-    return got[0] if got else None  # None: the algorithm does not exist there (feasible)
+    if not got:
+      return None  # the algorithm does not exist there (feasible)
+    row = dict(got[0])
+    if row["variant"] != NONPRIVATE:
+      # The warning is the library's rule for the cell's public parameters, not a measurement:
+      # rows logged under an earlier rule get the current one.
+      pert, priv = row["variant"].split("_")
+      total = row["epsilon"] if priv == "pure" else row["epsilon"] ** 2 / 2
+      row["coverage_warning"] = warning_for(row["loss"], pert, row["n"], priv, total)
+    return row
 
 
 def run_sample_complexity(config, runner):

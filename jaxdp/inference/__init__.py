@@ -14,11 +14,11 @@ private data must be released through PrivSPDMat or an equivalent mechanism.
 
 :class:`CoverageWarning` (rule: :func:`coverage_warning`) marks configurations whose
 intervals are known to cover less often than nominal (the Huberized hinge; objective
-perturbation with ``n eps_1 < OBJECTIVE_MIN_N_EPS1``).
+perturbation with ``n eps^2 < OBJECTIVE_MIN_N_EPS_SQUARED``).
 """
 
 from jaxdp.inference.intervals import (
-    FLOORS, OBJECTIVE_MIN_N_EPS1, PERTURBATIONS, PRIVACY, TABLE2_FRACTIONS, BudgetSplit,
+    FLOORS, OBJECTIVE_MIN_N_EPS_SQUARED, PERTURBATIONS, PRIVACY, TABLE2_FRACTIONS, BudgetSplit,
     Calibration, ConfidenceIntervals, CoverageWarning, budget_split, calibrate,
     confidence_intervals, confidence_intervals_batched, coverage_warning)
 from jaxdp.inference import nonprivate
@@ -30,7 +30,7 @@ from jaxdp.inference.spd_release import (
     priv_spd_matrix, priv_spd_matrix_event, spd_noise, symmetrize_and_floor)
 
 __all__ = [
-    "FLOORS", "OBJECTIVE_MIN_N_EPS1", "PERTURBATIONS", "PRIVACY", "TABLE2_FRACTIONS",
+    "FLOORS", "OBJECTIVE_MIN_N_EPS_SQUARED", "PERTURBATIONS", "PRIVACY", "TABLE2_FRACTIONS",
     "BudgetSplit", "Calibration", "ConfidenceIntervals", "CoverageWarning", "budget_split",
     "calibrate", "confidence_intervals", "confidence_intervals_batched", "coverage_warning",
     "as_signed_labels", "covariance_sensitivity",

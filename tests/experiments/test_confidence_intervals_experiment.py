@@ -132,16 +132,13 @@ def test_replicates_in_chunks_equal_one_call(tmp_path, n):
     np.testing.assert_allclose(rows[0][field], rows[1][field], rtol=1e-9)
 
 
-def test_coverage_warning_uses_the_theta_budget_in_pure_dp_terms():
+def test_coverage_warning_uses_the_total_budget_in_pure_dp_terms():
   ci = _load("experiments/confidence_intervals.py")
-  if not hasattr(ci._intervals, "coverage_warning"):  # pylint: disable=protected-access
-    pytest.skip("jaxdp.inference.intervals.coverage_warning not available")
-  # objective perturbation under-covers below n eps_1 = 3,000: pure eps_1 = phi_1 = 0.9 gives
-  # 2,880; zCDP rho_1 = 0.9 is eps_1 = sqrt(1.8) = 1.34, 4,293.
-  warning = ci._warning  # pylint: disable=protected-access
-  assert warning("logistic", "objective", 3200, "pure", 0.9)
-  assert warning("logistic", "objective", 3200, "zcdp", 0.9) == ""
-  assert warning("logistic", "output", 500, "pure", 0.1) == ""
+  # objective perturbation under-covers below n eps^2 = 10,000: pure eps = 1 at n = 9,000 is
+  # 9,000; zCDP rho = 0.6 is eps = sqrt(1.2), 10,800.
+  assert ci.warning_for("logistic", "objective", 9000, "pure", 1.0)
+  assert ci.warning_for("logistic", "objective", 9000, "zcdp", 0.6) == ""
+  assert ci.warning_for("logistic", "output", 500, "pure", 0.1) == ""
 
 
 def test_cells_where_algorithm_1_does_not_exist_are_left_out():

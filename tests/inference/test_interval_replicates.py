@@ -13,7 +13,7 @@ import pytest
 
 from jaxdp.accounting import PrivacyAccountant, PrivacyBudget
 from jaxdp.errors import BudgetExceededError
-from jaxdp.inference import CoverageWarning, OBJECTIVE_MIN_N_EPS1, coverage_warning
+from jaxdp.inference import CoverageWarning, OBJECTIVE_MIN_N_EPS_SQUARED, coverage_warning
 from jaxdp.inference import intervals as ci
 
 N, D = 300, 2
@@ -251,26 +251,23 @@ def test_bad_replicates_are_named_before_any_spend(bad, match, single):
 
 def test_coverage_warning_rule_at_its_boundaries():
   base = dict(loss="logistic", perturbation="objective")
-  at = OBJECTIVE_MIN_N_EPS1 / 1000
-  assert coverage_warning(**base, num_examples=1000, theta_epsilon=at) is None
-  msg = coverage_warning(**base, num_examples=1000, theta_epsilon=at * (1 - 1e-9))
-  assert "n * eps_1" in msg and "OBJECTIVE_MIN_N_EPS1" in msg and "output" in msg
-  assert coverage_warning(**base, num_examples=999, theta_epsilon=at) is not None
-  assert coverage_warning(**base, num_examples=10, theta_epsilon=math.inf) is None
+  at = math.sqrt(OBJECTIVE_MIN_N_EPS_SQUARED / 1000)
+  assert coverage_warning(**base, num_examples=1000, epsilon=at) is None
+  msg = coverage_warning(**base, num_examples=1000, epsilon=at * (1 - 1e-9))
+  assert "n * eps^2" in msg and "OBJECTIVE_MIN_N_EPS_SQUARED" in msg and "output" in msg
+  assert coverage_warning(**base, num_examples=999, epsilon=at) is not None
+  assert coverage_warning(**base, num_examples=10, epsilon=math.inf) is None
   assert coverage_warning(loss="logistic", perturbation="output", num_examples=10,
-                          theta_epsilon=0.01) is None
-  for pert, eps1 in (("output", 100.0), ("objective", math.inf), ("objective", 100.0)):
-    huber = coverage_warning(loss="huber", perturbation=pert, num_examples=10**5,
-                             theta_epsilon=eps1)
-    assert "huber" in huber and "n * eps_1" not in huber
-  both = coverage_warning(loss="huber", perturbation="objective", num_examples=10,
-                          theta_epsilon=1.0)
-  assert "huber" in both and "n * eps_1" in both
+                          epsilon=0.01) is None
+  for pert, eps in (("output", 100.0), ("objective", math.inf), ("objective", 100.0)):
+    huber = coverage_warning(loss="huber", perturbation=pert, num_examples=10**5, epsilon=eps)
+    assert "huber" in huber and "n * eps^2" not in huber
+  both = coverage_warning(loss="huber", perturbation="objective", num_examples=10, epsilon=1.0)
+  assert "huber" in both and "n * eps^2" in both
   with pytest.raises(ValueError, match="loss"):
-    coverage_warning(loss="hinge", perturbation="output", num_examples=10, theta_epsilon=1.0)
-  with pytest.raises(ValueError, match="theta_epsilon"):
-    coverage_warning(loss="logistic", perturbation="output", num_examples=10,
-                     theta_epsilon=0.0)
+    coverage_warning(loss="hinge", perturbation="output", num_examples=10, epsilon=1.0)
+  with pytest.raises(ValueError, match="epsilon"):
+    coverage_warning(loss="logistic", perturbation="output", num_examples=10, epsilon=0.0)
 
 
 def _warned(fn, *args, **kw):
@@ -290,21 +287,21 @@ def _warned(fn, *args, **kw):
 
 
 def test_calls_warn_once_before_any_spend():
-  """The release points apply the rule with eps_1 in pure-DP terms (phi_1, or sqrt(2 rho_1)
-  under zCDP) and n = the replicate's size; an error-filtered warning leaves the accountant
-  untouched."""
+  """The release points apply the rule with the total budget in pure-DP terms (epsilon, or
+  sqrt(2 rho) under zCDP) and n = the replicate's size; an error-filtered warning leaves the
+  accountant untouched."""
   x, y = _pool()
   key, keys = jax.random.key(0), _keys()
   idx = _as_indices(_counts())
-  eps_ok = OBJECTIVE_MIN_N_EPS1 / (0.65 * N) * 1.01    # phi_1 = 0.65 epsilon (Table 2)
+  eps_ok = math.sqrt(OBJECTIVE_MIN_N_EPS_SQUARED / N) * 1.01
   assert not _warned(ci.confidence_intervals, key, x, y, epsilon=eps_ok, l2_reg=0.05)
   assert _warned(ci.confidence_intervals, key, x, y, epsilon=eps_ok * 0.98, l2_reg=0.05)
   # n is the replicate's: SIZE < N rows of indices at the epsilon that suffices for N.
   assert _warned(ci.confidence_intervals_batched, keys, x, y, indices=idx, epsilon=eps_ok,
                  l2_reg=0.05)
-  # zCDP: eps_1 = sqrt(2 rho_1), rho_1 = 0.9 rho. rho_1 N = 6000 but sqrt(2 rho_1) N = 1897.
-  assert _warned(ci.confidence_intervals, key, x, y, rho=20 / 0.9, l2_reg=0.05)
-  assert not _warned(ci.confidence_intervals, key, x, y, rho=60 / 0.9, l2_reg=0.05)
+  # zCDP: eps = sqrt(2 rho), so N eps^2 = 2 rho N: 9,000 at rho = 15, 10,800 at rho = 18.
+  assert _warned(ci.confidence_intervals, key, x, y, rho=15.0, l2_reg=0.05)
+  assert not _warned(ci.confidence_intervals, key, x, y, rho=18.0, l2_reg=0.05)
   assert not _warned(ci.confidence_intervals, key, x, y, epsilon=math.inf)
   assert not _warned(ci.confidence_intervals_batched, keys, x, y, epsilon=0.5,
                      perturbation="output", l2_reg=0.05)
@@ -315,7 +312,7 @@ def test_calls_warn_once_before_any_spend():
   with warnings.catch_warnings():
     warnings.simplefilter("error", CoverageWarning)
     for a in (acc, budget):
-      with pytest.raises(CoverageWarning, match="n \\* eps_1"):
+      with pytest.raises(CoverageWarning, match="n \\* eps\\^2"):
         ci.confidence_intervals(key, x, y, epsilon=1.0, l2_reg=0.05, accountant=a)
   assert acc.ledger == () and budget.spent_epsilon == 0.0
   # Once per call: M replicates, one warning.
