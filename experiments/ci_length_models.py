@@ -30,6 +30,7 @@ Figures, each written as one PNG by a ``plot_*(rows, path, *, metadata=None)`` f
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Callable, Mapping
 
 import numpy as np
@@ -364,13 +365,28 @@ def _legend_below(fig, axes, ncol, fontsize):
       handles.setdefault(label, handle)
   if not handles:
     return 0.0
-  legend = fig.legend(list(handles.values()), list(handles), loc="lower center",
-                      bbox_to_anchor=(0.5, 0.0), ncol=max(1, min(ncol, len(handles))),
-                      fontsize=fontsize, frameon=False)
-  return legend.get_window_extent(fig.canvas.get_renderer()).y1 / fig.bbox.height
+  renderer = fig.canvas.get_renderer()
+  # The most columns (at most ``ncol``) whose legend fits the figure's width.
+  for cols in range(max(1, min(ncol, len(handles))), 0, -1):
+    legend = fig.legend(list(handles.values()), list(handles), loc="lower center",
+                        bbox_to_anchor=(0.5, 0.0), ncol=cols, fontsize=fontsize, frameon=False)
+    if cols == 1 or legend.get_window_extent(renderer).width <= 0.98 * fig.bbox.width:
+      break
+    legend.remove()
+  return legend.get_window_extent(renderer).y1 / fig.bbox.height
+
+
+def _wrap_suptitle(fig):
+  """Wraps the figure's title to its width (a long title would be cut at the edges)."""
+  title = fig._suptitle  # pylint: disable=protected-access
+  if title is None or not title.get_text():
+    return
+  chars = max(20, int(fig.get_figwidth() * 72 / (0.56 * title.get_fontsize())))
+  title.set_text(textwrap.fill(" ".join(title.get_text().split()), chars))
 
 
 def _finish(fig, plt, path, metadata, axes=None, ncol=4, layout=True):
+  _wrap_suptitle(fig)
   top = _legend_below(fig, axes, ncol=ncol, fontsize=7) if axes is not None else 0.0
   if layout:
     fig.tight_layout(rect=(0, top, 1, 1))
