@@ -357,7 +357,9 @@ def calibrate(*, num_examples: int, dim: int, epsilon: float | None = None,
   private = math.isfinite(split.theta)
   k = linear_losses.lipschitz_constant(loss)
   rows = max(n, int(num_rows or n))
-  default_tol = 1e-3 * k / n  # 2 tol / Lambda = 0.1% of the minimiser sensitivity 2K/(n Lambda)
+  # 2 tol / Lambda = 0.1% of the minimiser sensitivity 2K/(n Lambda), but never below what
+  # float64 can certify on these rows (very large n).
+  default_tol = max(1e-3 * k / n, certified_solve.tol_floor(rows, d, loss=loss, h=h))
   gamma = math.inf
   release_noise, release_scale = "l2_laplace", math.inf
   if not private:

@@ -231,6 +231,15 @@ def certificate_rounding_bound(num_examples: int, dim: int, weights_norm, linear
   return (e_data + e_asm + g_norm * (a_sum + e_asm)) * (1.0 + 2.0 ** -20)
 
 
+def tol_floor(num_examples: int, dim: int, *, loss: str, h: float = 0.5) -> float:
+  """The smallest ``tol`` :func:`check_tol` accepts (its docstring): the float64
+  certification floor for ``num_examples`` rows and ``dim`` weights."""
+  return max(1e3 * math.sqrt(dim) * 8.0 * math.sqrt(num_examples + 4.0) * _U64 *
+             linear_losses.lipschitz_constant(loss),
+             8.0 * float(certificate_rounding_bound(num_examples, dim, 0.0, 0.0, loss=loss,
+                                                    h=h, l2_total=0.0)))
+
+
 def check_tol(tol: float, *, num_examples: int, dim: int, loss: str, h: float = 0.5) -> float:
   """Validates a certificate tolerance: positive, finite, and far above float64 round-off.
 
@@ -243,10 +252,7 @@ def check_tol(tol: float, *, num_examples: int, dim: int, loss: str, h: float = 
   tol = float(tol)
   if not (math.isfinite(tol) and tol > 0):
     raise ValueError(f"tol must be a positive finite number, got {tol}.")
-  floor = max(1e3 * math.sqrt(dim) * 8.0 * math.sqrt(num_examples + 4.0) * _U64 *
-              linear_losses.lipschitz_constant(loss),
-              8.0 * float(certificate_rounding_bound(num_examples, dim, 0.0, 0.0, loss=loss,
-                                                     h=h, l2_total=0.0)))
+  floor = tol_floor(num_examples, dim, loss=loss, h=h)
   if tol < floor:
     raise ValueError(f"tol={tol:.3g} is below the float64 certification floor {floor:.3g} for "
                      f"N={num_examples}, D*C={dim}; use a larger tol.")

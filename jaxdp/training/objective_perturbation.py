@@ -111,7 +111,9 @@ warm and cold releases differ by at most ``||e_warm - e_cold|| <= 2r = 2 tol/Lam
 
 Default ``tol`` (``tol=None``): the output noise's expected norm is
 ``amp_noise_ratio`` (1%) of the expected norm of the objective noise's effect
-``||B|| / (N Lambda)`` (:func:`amp_default_tol`), so with ``f = 0.01`` AMP costs
+``||B|| / (N Lambda)`` (:func:`amp_default_tol`; never below the float64 certification floor
+:func:`~jaxdp.training.certified_solve.tol_floor`, which it meets at very large ``N``), so
+with ``f = 0.01`` AMP costs
 about 1% more objective noise (``eps1 = 0.99 eps``) and a negligible
 independent output noise. That tol is usually below float32 L-BFGS's floor; the
 float64 polish of :mod:`jaxdp.training.certified_solve` reaches it.
@@ -369,8 +371,9 @@ def amp_calibration(objective_calibration_fn, *, epsilon: float, delta: float,
   if not lam > 0:
     raise ValueError("l2_reg: the perturbed objective must be strongly convex "
                      "(l2_reg + extra_l2 > 0).")
-  if tol is None:
-    tol = amp_default_tol(obj, epsilon2=eps2, delta2=d2, num_examples=num_examples, dim=dim)
+  if tol is None:  # never below what float64 can certify (large N)
+    tol = max(amp_default_tol(obj, epsilon2=eps2, delta2=d2, num_examples=num_examples, dim=dim),
+              certified_solve.tol_floor(num_examples, dim, loss=loss, h=h))
   tol = certified_solve.check_tol(tol, num_examples=num_examples, dim=dim, loss=loss, h=h)
   r = tol / lam
   sens = 2.0 * r

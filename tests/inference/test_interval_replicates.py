@@ -15,6 +15,7 @@ from jaxdp.accounting import PrivacyAccountant, PrivacyBudget
 from jaxdp.errors import BudgetExceededError
 from jaxdp.inference import CoverageWarning, OBJECTIVE_MIN_N_EPS_SQUARED, coverage_warning
 from jaxdp.inference import intervals as ci
+from jaxdp.training import certified_solve
 
 N, D = 300, 2
 M, SIZE = 4, 150              # replicates per call, rows per replicate (n <= N/2)
@@ -328,3 +329,12 @@ def test_default_floor_is_the_papers():
   cal = ci.calibrate(num_examples=1000, dim=2, epsilon=1.0)
   assert cal.covariance_floor == cal.hessian_floor == cal.l2_reg
   assert ci.calibrate(num_examples=1000, dim=2, epsilon=1.0, floor="psd").covariance_floor == 0.0
+
+
+@pytest.mark.parametrize("pert", ["objective", "output"])
+def test_default_tol_is_certifiable_at_large_n(pert):
+  # Paper 003 Table 3's KDD Cup 99 row: n = 450,000, d = 10 (+ constant). The default
+  # tolerance is never below the float64 certification floor, which grows like sqrt(n).
+  for kw in (dict(epsilon=1.0), dict(rho=0.5), dict(epsilon=math.inf)):
+    cal = ci.calibrate(num_examples=450_000, dim=11, perturbation=pert, **kw)
+    assert cal.tol >= certified_solve.tol_floor(450_000, 11, loss="logistic")
