@@ -211,6 +211,19 @@ def _coverage_cell(r) -> str:
   return f"{r['coverage']:.3f} / {r['length']:.3g}" + (" †" if r.get("coverage_warning") else "")
 
 
+def _coverage_summary(rows) -> str:
+  """How many cells are below nominal, and whether the library warns there (†)."""
+  below = [r for r in rows if r["coverage"] < 0.95]
+  unflagged = [r for r in below if not r.get("coverage_warning")]
+  significant = [r for r in unflagged if r["coverage"] + 2 * r["coverage_se"] < 0.95]
+  return (f"Cells below 0.95: {len(below)} of {len(rows)}, of which {len(below) - len(unflagged)}"
+          f" flagged by `CoverageWarning` (†); of the {len(unflagged)} others, "
+          f"{len(significant)} more than 2 s.e. below 0.95"
+          + "".join(f" ({r['variant']}, d = {r['d']}, n = {r['n']:,}: {r['coverage']:.3f} ± "
+                    f"{r['coverage_se']:.3f})" for r in unflagged)
+          + f". Cells flagged in all: {sum(1 for r in rows if r.get('coverage_warning'))}.")
+
+
 def _ci_table(spec: CiTable) -> str:
   """The markdown of a confidence-interval table (paper 003) from its study's CSV."""
   rows = read_rows(spec.csv)
@@ -218,11 +231,7 @@ def _ci_table(spec: CiTable) -> str:
     rows = [r for r in rows if r["loss"] == spec.loss and r["floor"] == spec.floor]
     body = _by_variant(rows, ("d", "n"), _coverage_cell)
     text = _markdown(["d", "n"] + list(CI_LABELS), body)
-    below = [r for r in rows if r["coverage"] < 0.95]
-    flagged = [r for r in below if r.get("coverage_warning")]
-    return (text + f"\n\nCells below 0.95: {len(below)} of {len(rows)}; flagged by "
-            f"`CoverageWarning` (†): {len(flagged)} of them "
-            f"({sum(1 for r in rows if r.get('coverage_warning'))} cells flagged in all).")
+    return text + "\n\n" + _coverage_summary(rows)
   if spec.kind == "split":
     rows = [r for r in rows if r["loss"] == spec.loss]
     return _markdown(["φ₁/φ"] + list(CI_LABELS), _by_variant(
@@ -232,11 +241,8 @@ def _ci_table(spec: CiTable) -> str:
                      _by_variant(rows, ("d", "phi2_share"), _coverage_cell))
   if spec.kind == "epsilon_grid":
     body = _by_variant(rows, ("n", "epsilon"), _coverage_cell)
-    below = [r for r in rows if r["coverage"] < 0.95]
-    flagged = [r for r in below if r.get("coverage_warning")]
-    return (_markdown(["n", "ε (ρ = ε²/2)"] + list(CI_LABELS), body)
-            + f"\n\nCells below 0.95: {len(below)} of {len(rows)}; flagged by "
-            f"`CoverageWarning` (†): {len(flagged)} of them.")
+    return (_markdown(["n", "ε (ρ = ε²/2)"] + list(CI_LABELS), body) + "\n\n"
+            + _coverage_summary(rows))
   if spec.kind == "vi":
     axis = {"vi_n": "n", "vi_d": "d", "vi_epsilon": "epsilon"}[rows[0]["study"]]
     return _markdown([axis] + list(CI_LABELS), _by_variant(
@@ -254,9 +260,11 @@ def _ci_table(spec: CiTable) -> str:
   if spec.kind == "fits_n":
     rows = [r for r in rows if r["loss"] == "logistic" and r["floor"] == "paper" and r["d"] == 5]
     fits = {f["variant"]: f for f in lm.length_fits(rows)}
-    return _markdown(["variant", "c₀", "c₁", "R² (c₀/n + c₁/√n)", "c", "R² (c/√n)"], [
-        [label, f"{f['c0']:.4g}", f"{f['c1']:.4g}", f"{f['quality']['r2']:.4f}",
-         f"{f['c']:.4g}", f"{f['quality_sqrt']['r2']:.4f}"]
+    return _markdown(["variant", "c₀", "c₁", "c₀/n + c₁/√n: R², max rel. error", "c",
+                      "c/√n: R², max rel. error"], [
+        [label, f"{f['c0']:.4g}", f"{f['c1']:.4g}",
+         f"{f['quality']['r2']:.4f}, {f['quality']['max_rel_err']:.3f}", f"{f['c']:.4g}",
+         f"{f['quality_sqrt']['r2']:.4f}, {f['quality_sqrt']['max_rel_err']:.3f}"]
         for label, f in ((lab, fits[v]) for v, lab in zip(CI_VARIANTS, CI_LABELS) if v in fits)])
   if spec.kind == "fits_epsilon":
     fits = {f["variant"]: f for f in lm.length_fits(rows)}

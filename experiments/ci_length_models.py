@@ -145,22 +145,25 @@ def _budget_feature(eps, notion):
 def fit_inverse_n(ns, lengths) -> tuple[float, float]:
   """``(c0, c1)`` of ``length = c0 / n + c1 / sqrt(n)`` (paper 003 Sec. 7.7, Fig. 17).
 
-  Ordinary least squares on the lengths (the model is linear in ``(c0, c1)``, so the fit is
-  the unique minimiser of ``sum_i (L_i - c0 / n_i - c1 / sqrt(n_i))^2``, computed by
-  :func:`numpy.linalg.lstsq`). The coefficients are not constrained in sign; a negative ``c0``
-  says the data show no ``1 / n`` privacy term.
+  Least squares on the RELATIVE residuals ``(L_i - c0 / n_i - c1 / sqrt(n_i)) / L_i`` (the
+  model is linear in ``(c0, c1)``: :func:`numpy.linalg.lstsq` on the rows scaled by
+  ``1 / L_i``). The lengths span orders of magnitude over ``n``; plain least squares would fit
+  the few longest intervals (smallest ``n``) and miss the rest by factors. The coefficients are
+  not constrained in sign; a negative ``c0`` says the data show no ``1 / n`` privacy term.
   """
   ns, lengths = _points(ns, lengths, "ns")
-  design = np.stack([1.0 / ns, 1.0 / np.sqrt(ns)], axis=1)
-  (c0, c1), *_ = np.linalg.lstsq(design, lengths, rcond=None)
+  design = np.stack([1.0 / ns, 1.0 / np.sqrt(ns)], axis=1) / lengths[:, None]
+  (c0, c1), *_ = np.linalg.lstsq(design, np.ones_like(lengths), rcond=None)
   return float(c0), float(c1)
 
 
 def fit_inverse_sqrt_n(ns, lengths) -> float:
-  """``c`` of ``length = c / sqrt(n)`` by least squares on the lengths (paper 003 Sec. 7.7,
-  Fig. 18): ``c = sum_i L_i / sqrt(n_i) / sum_i 1 / n_i``."""
+  """``c`` of ``length = c / sqrt(n)`` (paper 003 Sec. 7.7, Fig. 18), least squares on the
+  relative residuals as :func:`fit_inverse_n`: ``c = sum_i a_i / sum_i a_i^2`` with
+  ``a_i = 1 / (sqrt(n_i) L_i)``."""
   ns, lengths = _points(ns, lengths, "ns")
-  return float(np.sum(lengths / np.sqrt(ns)) / np.sum(1.0 / ns))
+  a = 1.0 / (np.sqrt(ns) * lengths)
+  return float(np.sum(a) / np.sum(a * a))
 
 
 def fit_epsilon(eps, lengths, notion: str) -> tuple[float, float]:

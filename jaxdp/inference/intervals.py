@@ -90,17 +90,17 @@ eigenvalues can be far smaller than ``Lambda``: about 3e-4 on Adult): the releas
 functions of the privately released noisy matrix only (post-processing): Lemma 1's ``phi_3``
 guarantee (and Theorems 2 and 4) hold unchanged. Measured on Adult, logistic regression
 and Huberized SVM, ``k = 1,000`` replicates per cell
-(``docs/data/confidence_intervals_adult_coverage.csv``, ``experiments/confidence_intervals.py``):
-with ``"paper"`` 3 of the 72 logistic cells are below 0.95 (objective perturbation at
-``n eps_1 <= 1300``: 0.910, 0.935, 0.938), with ``"psd"`` 22 (objective perturbation under
-pure DP at ``d = 1``: 0.894-0.949 at every ``n``); the Huber cells under-cover with either
-floor (29 and 32 of 72).
+(``docs/data/confidence_intervals_adult_grid.csv``, ``experiments/confidence_intervals.py``):
+with ``"paper"`` 5 of the 72 logistic cells are below 0.95, 4 of them where the library warns
+(objective perturbation at ``n eps^2 <= 2,000``: 0.896-0.938) and one within its standard
+error (0.948 +- 0.005); with ``"psd"`` 17 (to 0.889); the Huber cells under-cover with either
+floor (24 and 36 of 72).
 
 Coverage warnings. The intervals rest on the normal (sandwich) approximation of the
 minimiser and, for objective perturbation, on the noise ``b/n`` being small. Where either
 is known to fail, :func:`confidence_intervals` and :func:`confidence_intervals_batched`
 emit one :class:`CoverageWarning` before any work (:func:`coverage_warning` states the
-rule from public quantities): the Huberized hinge (``loss="huber"``: 0.855-0.95 on Adult
+rule from public quantities): the Huberized hinge (``loss="huber"``: down to 0.868 on Adult
 with either floor), and objective perturbation with ``n eps^2 < OBJECTIVE_MIN_N_EPS_SQUARED``
 (``eps`` the total budget in pure-DP terms; the privacy part of the minimiser's error, of
 order ``1/(n eps)``, is then not small against its sampling part, of order ``1/sqrt(n)``;
@@ -215,7 +215,7 @@ def coverage_warning(*, loss: str, perturbation: str, num_examples: int,
   ``docs/data/confidence_intervals_kddcup99_epsilon_grid.csv``):
 
   * ``loss="huber"``: the normal (sandwich) approximation of the Huberized hinge's minimiser
-    under-covers (0.855-0.95 on Adult with either floor; the loss is not twice
+    under-covers (down to 0.868 on Adult with either floor; the loss is not twice
     differentiable at the kinks).
   * ``perturbation="objective"`` with ``num_examples * epsilon^2 <
     OBJECTIVE_MIN_N_EPS_SQUARED``: the privacy part of the minimiser's error (the noise
@@ -223,9 +223,9 @@ def coverage_warning(*, loss: str, perturbation: str, num_examples: int,
     ``1/sqrt(n)``): their ratio is of order ``1/sqrt(n eps^2)``, and Algorithm 3's interval,
     which linearises the minimiser around ``theta~``, under-covers (paper 003 Sec. 7.4: "more
     difficulty with small n and eps or rho"; Fig. 9: 95% from ``n ~ 4,500`` at ``d = 1``).
-    Measured (logistic, paper floor): on KDD Cup 99 (``d = 10``) 0.827-0.949 in every cell
-    with ``n eps^2 <= 5,000`` and at least 0.95 from 10,000; on Adult 0.910-0.938 at
-    ``n eps^2 <= 2,000`` (``d = 1``). ``epsilon = inf`` (no privacy noise) never warns for
+    Measured (logistic, paper floor): on KDD Cup 99 (``d = 10``) every cell below 0.95
+    (0.827-0.949) has ``n eps^2 <= 5,000`` and every cell from 10,000 covers (at least
+    0.958); on Adult the cells below 0.95 at ``n eps^2 <= 2,000`` (``d = 1``: 0.896-0.938). ``epsilon = inf`` (no privacy noise) never warns for
     this reason.
 
   Args:
@@ -246,7 +246,7 @@ def coverage_warning(*, loss: str, perturbation: str, num_examples: int,
   reasons = []
   if loss == "huber":
     reasons.append("loss='huber': the normal (sandwich) approximation of the Huberized "
-                   "hinge's minimiser under-covers (0.855-0.95 measured on Adult); prefer "
+                   "hinge's minimiser under-covers (down to 0.868 measured on Adult); prefer "
                    "loss='logistic' where coverage matters")
   if (perturbation == "objective" and math.isfinite(eps)
       and n * eps * eps < OBJECTIVE_MIN_N_EPS_SQUARED):
@@ -927,9 +927,9 @@ def confidence_intervals(key: jax.Array, x: Any, y: Any, *, epsilon: float | Non
     num_samples: Monte Carlo draws ``m`` (paper: 10,000; ``quantiles="monte_carlo"`` only).
     floor: ``"paper"`` (default: both matrices floored at ``2c = Lambda``, Algorithm 2) or
       ``"psd"`` (the covariance at 0, the Hessian at ``Lambda``): both are post-processing.
-      ``"psd"`` gives shorter intervals that under-cover (on Adult, logistic regression:
-      22 of 72 cells below 0.95, objective perturbation under pure DP at ``d = 1`` at
-      0.894-0.949 for every ``n``, against 3 of 72 with ``"paper"``; module docstring): use
+      ``"psd"`` gives shorter intervals that under-cover more often (on Adult, logistic
+      regression: 17 of 72 cells below 0.95, down to 0.889, against 5 of 72 with
+      ``"paper"``, 4 of them flagged by :class:`CoverageWarning`; module docstring): use
       it only where length matters more than nominal coverage, or to compare with it.
     fractions: ``(phi_1, phi_2, phi_3) / phi`` of the total ``phi`` (``epsilon`` or ``rho``;
       default: paper 003 Table 2).
