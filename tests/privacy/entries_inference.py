@@ -282,6 +282,10 @@ reg.not_a_release_point(
     "jaxdp.inference.calibrate",
     "calibrates the noises from public parameters (n, d, epsilon or rho, Lambda, ...); reads no data")
 reg.not_a_release_point(
+    "jaxdp.inference.coverage_warning",
+    "states from public parameters (loss, perturbation, n, epsilon) whether the intervals are "
+    "known to under-cover; reads no data, releases nothing")
+reg.not_a_release_point(
     "jaxdp.inference.priv_spd_matrix_event",
     "returns the DpEvent of one priv_spd_matrix call from its public phi; reads no data")
 reg.not_a_release_point(
