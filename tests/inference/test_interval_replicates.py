@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from _spend_probe import SpendRecorder, StopAtSpend, charged
 from jaxdp.accounting import PrivacyAccountant, PrivacyBudget
 from jaxdp.errors import BudgetExceededError
 from jaxdp.inference import CoverageWarning, OBJECTIVE_MIN_N_EPS_SQUARED, coverage_warning
@@ -42,27 +43,6 @@ def _as_indices(counts):
 
 def _keys():
   return jax.random.split(jax.random.key(7), M)
-
-
-class _Stop(Exception):
-  pass
-
-
-class _Recorder:
-  """An accountant that records the spend and stops the call (nothing is computed after)."""
-
-  def spend(self, event, count=1):
-    self.event, self.count = event, count
-    raise _Stop
-
-
-def _charge(fn, *args, **kw):
-  rec = _Recorder()
-  with pytest.raises(_Stop):
-    fn(*args, accountant=rec, **kw)
-  acc = PrivacyAccountant()
-  acc.spend(rec.event, count=rec.count)
-  return acc, rec.count
 
 
 def _assert_same_replicates(a, b, cal):
@@ -208,16 +188,16 @@ def test_indices_are_charged_by_group_privacy_like_counts(priv):
   phi = {"epsilon": 1.0} if priv == "pure" else {"rho": 0.5}
   kw = dict(**phi, perturbation="output", l2_reg=0.05)
   keys = jax.random.split(jax.random.key(1), 3)
-  by_idx, count = _charge(ci.confidence_intervals_batched, keys, x, y, indices=idx, **kw)
-  by_counts, _ = _charge(ci.confidence_intervals_batched, keys, x, y, counts=counts, **kw)
-  plain, _ = _charge(ci.confidence_intervals, keys[0], x[:SIZE], y[:SIZE], **kw)
+  by_idx, count = charged(ci.confidence_intervals_batched, keys, x, y, indices=idx, **kw)
+  by_counts, _ = charged(ci.confidence_intervals_batched, keys, x, y, counts=counts, **kw)
+  plain, _ = charged(ci.confidence_intervals, keys[0], x[:SIZE], y[:SIZE], **kw)
   assert count == 3 and by_idx.ledger == by_counts.ledger
   if priv == "pure":
     assert by_idx.pure_epsilon() == pytest.approx(3 * 3 * 1.0, rel=1e-9)
   else:
     assert by_idx.zcdp_rho() == pytest.approx(3 * 9 * plain.zcdp_rho(), rel=1e-9)
   # One replicate without repeats costs the example-level event of n = SIZE records.
-  single, _ = _charge(ci.confidence_intervals, keys[0], x, y, indices=idx[0], **kw)
+  single, _ = charged(ci.confidence_intervals, keys[0], x, y, indices=idx[0], **kw)
   assert single.ledger == plain.ledger
 
 
@@ -274,7 +254,7 @@ def test_coverage_warning_rule_at_its_boundaries():
 def _warned(fn, *args, **kw):
   """``True`` if the call warns (a CoverageWarning raised as an error, before the spend),
   ``False`` if it reaches the spend (a recorder that stops it) without warning."""
-  rec = _Recorder()
+  rec = SpendRecorder()
   with warnings.catch_warnings():
     warnings.simplefilter("error", CoverageWarning)
     try:
@@ -282,7 +262,7 @@ def _warned(fn, *args, **kw):
     except CoverageWarning:
       assert not hasattr(rec, "event")  # nothing spent
       return True
-    except _Stop:
+    except StopAtSpend:
       return False
   raise AssertionError("the call neither warned nor spent")
 

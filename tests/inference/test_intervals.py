@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from _spend_probe import charged
 from jaxdp.accounting import PrivacyAccountant, PrivacyBudget, events
 from jaxdp.errors import BudgetExceededError
 from jaxdp.inference import intervals as ci
@@ -401,28 +402,6 @@ def test_bad_labels_are_named_by_row_not_value():
   assert "7.31" not in str(err.value)
 
 
-class _Stop(Exception):
-  pass
-
-
-class _Recorder:
-  """An accountant that records the spend and stops the call (nothing is computed after)."""
-
-  def spend(self, event, count=1):
-    self.event, self.count = event, count
-    raise _Stop
-
-
-def _charged(fn, *args, **kw):
-  """``(PrivacyAccountant holding what fn spends, count)``, without running the release."""
-  rec = _Recorder()
-  with pytest.raises(_Stop):
-    fn(*args, accountant=rec, **kw)
-  acc = PrivacyAccountant()
-  acc.spend(rec.event, count=rec.count)
-  return acc, rec.count
-
-
 def test_batched_call_without_counts_charges_one_event_per_key():
   """Issue 26 item 1: (1, N) unit weights were charged once for M keys."""
   x, y = _logistic_pool(n=50)
@@ -431,7 +410,7 @@ def test_batched_call_without_counts_charges_one_event_per_key():
   with pytest.raises(BudgetExceededError):  # 8 releases at eps = 1, refused before any work
     ci.confidence_intervals_batched(keys, x, y, epsilon=1.0, l2_reg=0.05, accountant=budget)
   assert budget.spent_epsilon == 0.0
-  acc, count = _charged(ci.confidence_intervals_batched, keys, x, y, epsilon=1.0, l2_reg=0.05)
+  acc, count = charged(ci.confidence_intervals_batched, keys, x, y, epsilon=1.0, l2_reg=0.05)
   assert count == 8 and acc.pure_epsilon() == pytest.approx(8.0, rel=1e-12)
 
 
@@ -447,10 +426,10 @@ def test_counts_are_charged_by_group_privacy(pert, priv):
   k = 3
   total = 1.0 if priv == "pure" else 0.5
   kw = dict(**_phi(priv, total), perturbation=pert, l2_reg=0.05)
-  one, _ = _charged(ci.confidence_intervals, jax.random.key(0), x, y, counts=counts[1], **kw)
-  many, count = _charged(ci.confidence_intervals_batched, jax.random.split(jax.random.key(1), 3),
+  one, _ = charged(ci.confidence_intervals, jax.random.key(0), x, y, counts=counts[1], **kw)
+  many, count = charged(ci.confidence_intervals_batched, jax.random.split(jax.random.key(1), 3),
                          x, y, counts=counts, **kw)
-  plain, _ = _charged(ci.confidence_intervals, jax.random.key(0), x, y, **kw)
+  plain, _ = charged(ci.confidence_intervals, jax.random.key(0), x, y, **kw)
   assert count == 3
   if priv == "pure":
     assert one.pure_epsilon() == pytest.approx(k * total, rel=1e-9)
@@ -459,6 +438,6 @@ def test_counts_are_charged_by_group_privacy(pert, priv):
     assert one.zcdp_rho() == pytest.approx(k * k * plain.zcdp_rho(), rel=1e-9)
     assert many.zcdp_rho() == pytest.approx(3 * k * k * plain.zcdp_rho(), rel=1e-9)
   # Multiplicity 1 everywhere costs exactly the example-level event.
-  same, _ = _charged(ci.confidence_intervals, jax.random.key(0), x, y,
+  same, _ = charged(ci.confidence_intervals, jax.random.key(0), x, y,
                      counts=np.ones(50, np.int64), **kw)
   assert same.ledger == plain.ledger
