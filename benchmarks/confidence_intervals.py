@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -160,17 +159,6 @@ REFERENCE_VARIANTS = [("logistic", pert, priv) for pert in ("objective", "output
 QUICK_REFERENCE_VARIANTS = [("logistic", "objective", "pure"), ("logistic", "output", "pure")]
 
 
-def replicate_kwargs(idx, num_rows):
-  """The replicates ``idx`` (``(M, n)`` row indices into ``x``) as jaxdp takes them:
-  ``indices=idx`` where :func:`confidence_intervals_batched` has that keyword, else the
-  equivalent ``(M, N)`` multiplicities ``counts=``. Returns ``(kwargs, name)``."""
-  if "indices" in inspect.signature(confidence_intervals_batched).parameters:
-    return dict(indices=idx), "indices"
-  counts = np.zeros((idx.shape[0], num_rows), np.int64)
-  np.add.at(counts, (np.arange(idx.shape[0])[:, None], idx), 1)
-  return dict(counts=counts), "counts"
-
-
 def _phi(priv):
   return dict(epsilon=1.0) if priv == "pure" else dict(rho=0.5)
 
@@ -230,7 +218,7 @@ def numpy_reference(x, y, quick, chunk_size):
   smallest ``n``: with the noise off (``epsilon = rho = inf``) both intervals of each
   replicate agree up to the solver tolerance (``||theta^ - theta*|| <= tol / Lambda`` for
   each); with the noise on, coverage of the full-data minimiser and mean length over 200
-  replicates agree within 4.5 standard errors. Returns ``(table, checks, api)``.
+  replicates agree within 4.5 standard errors. Returns ``(table, checks, blas_threads)``.
   """
   grid = QUICK_GRID if quick else GRID
   variants = QUICK_REFERENCE_VARIANTS if quick else REFERENCE_VARIANTS
@@ -243,11 +231,11 @@ def numpy_reference(x, y, quick, chunk_size):
   theta_full = numpy_intervals.newton_solve(x, ys, lam, np.zeros(dim), loss="logistic", h=0.5,
                                             grad_tol=1e-12)[0]
   rng = np.random.default_rng(2)
-  table, checks, api = {}, {}, None
+  table, checks = {}, {}
   cores = os.cpu_count() or 1
   for n in grid:
     idx = rng.integers(0, big, size=(num_rep, n))
-    rep_kw, api = replicate_kwargs(idx, big)
+    rep_kw = dict(indices=idx)
     warm_kw = {k: v[:2 * chunk_size] for k, v in rep_kw.items()}
     for loss, pert, priv in variants:
       name = f"{loss}_{pert}_{priv}"
@@ -288,7 +276,7 @@ def numpy_reference(x, y, quick, chunk_size):
       bound = 1.1 * cal0.tol / lam + 1e-5 * float(np.max(ref.upper - ref.lower))
       # Noise on: coverage of the full-data minimiser and mean length over num_check replicates.
       cidx = rng.integers(0, big, size=(num_check, n))
-      ckw, _ = replicate_kwargs(cidx, big)
+      ckw = dict(indices=cidx)
       ckeys = jax.random.split(jax.random.key(7 + variants.index((loss, pert, priv))), num_check)
       jout, _ = confidence_intervals_batched(ckeys, x, y, **ckw, **_phi(priv), **kw)
       nouts, _, _ = _numpy_intervals(rng, x, ys, cidx, cal, theta_full)
@@ -306,7 +294,7 @@ def numpy_reference(x, y, quick, chunk_size):
             f"(bound {bound:.2e}); noise on, {num_check} replicates: coverage jaxdp "
             f"{cj[0]:.3f} numpy {cn[0]:.3f} ({z_cov:.1f} SE), length jaxdp {cj[2]:.4f} numpy "
             f"{cn[2]:.4f} ({z_len:.1f} SE): {'same algorithm' if ok else 'MISMATCH'}")
-  return table, checks, api, _blas_single_thread()[1]
+  return table, checks, _blas_single_thread()[1]
 
 
 def main():
@@ -359,7 +347,7 @@ def main():
         f"({t_np / t_newton:.1f}x)")
 
   rng = np.random.default_rng(1)
-  rep_kw, _ = replicate_kwargs(rng.integers(0, n, size=(num_rep, n)), n)  # bootstrap replicates
+  rep_kw = dict(indices=rng.integers(0, n, size=(num_rep, n)))  # bootstrap replicates
   warm_kw = {k: v[:2 * chunk] for k, v in rep_kw.items()}
   # --quick: the variants of the numpy comparison only (every compile costs seconds).
   for loss, pert, priv in (QUICK_REFERENCE_VARIANTS if args.quick else VARIANTS):
@@ -376,15 +364,12 @@ def main():
     cal = ci_mod.calibrate(num_examples=n, dim=dim, **kw)
     static = dict(loss=loss, perturbation=pert, privacy=priv, release_noise=cal.release_noise,
                   quantiles=cal.quantiles, num_samples=cal.num_samples)
-    # The pipeline's row mode (all rows, no gather), where the jitted core has one.
-    gather = ({"gather": False} if "gather" in inspect.signature(
-        ci_mod._pipeline_jit).parameters else {})  # pylint: disable=protected-access
     with jax.enable_x64(True):
       p = jnp.asarray(ci_mod._params(cal))  # pylint: disable=protected-access
 
       def core():
         return jax.block_until_ready(ci_mod._pipeline_jit(  # pylint: disable=protected-access
-            next(keys), xj, yj, None, p, batched=False, **gather, **static))
+            next(keys), xj, yj, None, p, batched=False, gather=False, **static))
       t_core = _median_time(core, reps, f"{name}_core_cpu_s")
     bkeys = jax.random.split(jax.random.key(7), num_rep)
     confidence_intervals_batched(bkeys[:2 * chunk], x, y, **warm_kw, chunk_size=chunk, **kw)  # compile
@@ -429,9 +414,9 @@ def _numpy_reference_section(figures, x, y, n, quick, chunk):
         f"(benchmarks/numpy_intervals.py; one replicate at a time, BLAS on one thread), wall and "
         f"CPU seconds per interval, bootstrap replicates of n of the {n} rows (load average "
         f"{os.getloadavg()[0]:.1f}):")
-  table, checks, api, blas = numpy_reference(x, y, quick, chunk)
+  table, checks, blas = numpy_reference(x, y, quick, chunk)
   figures.update(numpy_reference=table, numpy_reference_checks=checks,
-                 numpy_reference_replicates_as=api, numpy_reference_blas_threads=blas)
+                 numpy_reference_blas_threads=blas)
   print(json.dumps({k: (v if not isinstance(v, float) or math.isfinite(v) else str(v))
                     for k, v in figures.items()}))
 

@@ -132,10 +132,6 @@ def default_floor() -> str:
   return inspect.signature(confidence_intervals).parameters["floor"].default
 
 
-def _takes_indices() -> bool:
-  return "indices" in inspect.signature(confidence_intervals_batched).parameters
-
-
 def load_pool(config):
   ds = jdata.load(config.dataset, data_dir=config.data_dir or None, add_constant=False,
                   unit_ball=False)
@@ -167,7 +163,7 @@ def _intervals_of_chunk(keys, x, y, idx, phi, kw, chunk_size):
   """Batched calls on the replicates ``idx`` (``(M, n)`` row indices): as indices while
   ``n < N`` (each replicate's ``n`` rows gathered, O(n d) per interval), else as ``(M, N)``
   row multiplicities (O(N d): cheaper when the replicate is larger than the pool)."""
-  if _takes_indices() and idx.shape[1] < len(y):
+  if idx.shape[1] < len(y):
     return confidence_intervals_batched(keys, x, y, **phi, indices=idx, chunk_size=chunk_size,
                                         **kw)[0]
   # counts: (M, N) multiplicities, in slices of about 2^22 entries (32 MiB of float64).
@@ -236,8 +232,7 @@ def run_cell(config, x, y, theta0, *, study, loss, variant, floor, n, epsilon, f
     keys = _replicate_keys(noise_key, start, stop)
     t0 = time.perf_counter()
     with warnings.catch_warnings():  # the row records it (coverage_warning)
-      if hasattr(_intervals, "CoverageWarning"):
-        warnings.simplefilter("ignore", _intervals.CoverageWarning)
+      warnings.simplefilter("ignore", _intervals.CoverageWarning)
       out = _intervals_of_chunk(keys, x, y, idx, phi, kw, config.chunk_size)
     secs += time.perf_counter() - t0
     covered.append(((out.lower <= theta0) & (theta0 <= out.upper)).mean(axis=1))

@@ -7,7 +7,6 @@ replicate gives the same interval (up to where the two Newton solves stop: each 
 agree within Monte Carlo error.
 """
 
-import inspect
 import math
 
 import jax
@@ -36,20 +35,11 @@ def _pool(seed=0, num=1500, d=3):
   return x, y
 
 
-def _replicates(idx, num_rows):
-  """``indices=`` where the batched call takes it, else the equivalent row ``counts=``."""
-  if "indices" in inspect.signature(confidence_intervals_batched).parameters:
-    return dict(indices=idx)
-  counts = np.zeros((idx.shape[0], num_rows), np.int64)
-  np.add.at(counts, (np.arange(idx.shape[0])[:, None], idx), 1)
-  return dict(counts=counts)
-
-
 def _both(x, y, idx, key, loss, pert, phi):
   """jaxdp's and the numpy reference's intervals of the replicates ``idx`` ``(M, n)``."""
   kw = dict(loss=loss, perturbation=pert, l2_reg=LAM, chunk_size=CHUNK)
   keys = jax.random.split(jax.random.key(key), idx.shape[0])
-  out, cal = confidence_intervals_batched(keys, x, y, **_replicates(idx, len(y)), **phi, **kw)
+  out, cal = confidence_intervals_batched(keys, x, y, indices=idx, **phi, **kw)
   init = npi.newton_solve(x, y, LAM, np.zeros(x.shape[1]), loss=loss, h=cal.h,
                           grad_tol=1e-12)[0]
   rng = np.random.default_rng(key)
