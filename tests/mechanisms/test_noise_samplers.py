@@ -475,3 +475,78 @@ def test_one_dimensional_l2_laplace_never_nan():
   assert np.all(np.abs(d) == 1.0)
   assert np.isfinite(d[194_599])
   _assert_prob(d > 0, 0.5)
+
+
+# ------------------------------------------------------------------ fused Threefry and layout
+
+
+def test_threefry2x32_known_answers_and_primitive():
+  """The written-out Threefry-2x32-20 matches Random123's known-answer vectors (Salmon et al.
+  2011) and JAX's threefry2x32 primitive bit for bit, including under vmap over keys."""
+  from jax.extend.random import threefry2x32_p
+  from jaxdp.mechanisms import _sampling
+  u32 = lambda *v: jnp.array(v, jnp.uint32)
+  # (key, counter) -> output, Random123 kat_vectors for threefry2x32_20
+  kat = [((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
+         ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+         ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0))]
+  for (k0, k1), (x0, x1), want in kat:
+    got = jax.jit(_sampling.threefry2x32)(u32(k0), u32(k1), u32(x0), u32(x1))
+    assert (int(got[0][0]), int(got[1][0])) == want
+  w = jax.random.bits(jax.random.key(90), (4, 4096), jnp.uint32)
+  got = jax.jit(jax.vmap(_sampling.threefry2x32))(w[0], w[1], w[2], w[3])
+  want = threefry2x32_p.bind(w[0], w[1], w[2], w[3])
+  for g, h in zip(got, want):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(h))
+
+
+@pytest.mark.parametrize("shape", [(3, 5), (6, 3), (3, 4, 5)])
+def test_standard_normal_layout_is_the_concatenation_of_the_pair_halves(shape):
+  """Bit for bit: cosine half then sine half along the first axis of length 0 mod 4 (else the
+  first even axis), or flat for odd sizes; identical eagerly and under jit + vmap."""
+  from jaxdp.mechanisms import _sampling
+  key = jax.random.key(43)
+  even = ([i for i, d in enumerate(shape) if d % 4 == 0]
+          + [i for i, d in enumerate(shape) if d % 4 == 2])
+  pairs = jax.jit(lambda k, s: _sampling.normal_pairs_from_words(_sampling._four_words(k, s),
+                                                                  jnp.float32), static_argnums=1)
+  if even:
+    axis = even[0]
+    zc, zs = pairs(key, shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:])
+    want = np.concatenate([np.asarray(zc), np.asarray(zs)], axis=axis)
+  else:
+    size = int(np.prod(shape))
+    zc, zs = pairs(key, ((size + 1) // 2,))
+    want = np.concatenate([np.asarray(zc), np.asarray(zs)])[:size].reshape(shape)
+  got = _sampling.standard_normal(key, shape, jnp.float32)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  keys = jnp.stack([key, jax.random.key(44)])
+  batched = jax.jit(jax.vmap(lambda k: _sampling.standard_normal(k, shape, jnp.float32)))(keys)
+  np.testing.assert_array_equal(np.asarray(batched[0]), want)
+  np.testing.assert_array_equal(np.asarray(batched[1]),
+                                np.asarray(_sampling.standard_normal(keys[1], shape, jnp.float32)))
+
+
+@pytest.mark.parametrize("n", [200_000, pytest.param(1_000_000, marks=pytest.mark.slow)])
+def test_standard_normal_law_pairs_and_related_keys(n):
+  """N(0, 1) moments and KS; the two halves of each pair and draws under fold_in-related keys
+  (the per-step keys of a training loop) are uncorrelated, in values and in squares."""
+  from jaxdp.mechanisms import _sampling
+  key = jax.random.key(45)
+  x = np.asarray(_sampling.standard_normal(key, (n,), jnp.float32), np.float64)
+  np.testing.assert_array_equal(x, np.asarray(_sampling.standard_normal(key, (n,), jnp.float32)))
+  _assert_mean(x, 0.0, 1.0)
+  _assert_mean(x**2, 1.0, math.sqrt(2.0))
+  _assert_mean(x**4, 3.0, math.sqrt(96.0))
+  assert stats.kstest(x, stats.norm.cdf).pvalue > P_FLOOR
+  assert stats.kstest(x, stats.norm(scale=1.05).cdf).pvalue < P_FLOOR
+  m = n // 2
+  related = [np.asarray(_sampling.standard_normal(jax.random.fold_in(key, i), (n,), jnp.float32),
+                        np.float64) for i in (1, 2)]
+  # (cos, sin) halves of each pair; step i vs step i + 1 and vs the parent key, same positions
+  for a, b in [(x[:m], x[m:]), (x, related[0]), (related[0], related[1])]:
+    # corr of values and of squares: sd 1/sqrt(len) for independent N(0, 1) pairs
+    assert abs(np.mean(a * b)) < Z_TOL / math.sqrt(a.size)
+    sq = np.mean((a**2 - 1) * (b**2 - 1)) / 2.0
+    assert abs(sq) < Z_TOL / math.sqrt(a.size)
+  assert np.mean(x == related[0]) < 1e-3

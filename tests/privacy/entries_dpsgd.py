@@ -341,6 +341,34 @@ reg.register(reg.ReleasePoint(
     **_common(pairs=lambda: add_remove_pairs(D_WIDE)[:1], skip={"audit": _HOST_LOOP_AUDIT})))
 
 
+def _make_private_device_step(key, data, accountant):
+  """The device-resident path: Poisson sampling, gather and update in one jitted call."""
+  from jaxdp.training import dpsgd
+  n = len(data["y"])
+  private = dpsgd.make_private(
+      _per_example_loss, l2_clip_norm=CLIP, num_examples=n, key=key, sample_rate=1.0,
+      noise_multiplier=SIGMA, delta=DELTA, steps=1, optimizer=optax.sgd(float(n)),
+      clipping_method="vmap")
+  w0 = jnp.zeros((data["x"].shape[1], K), jnp.float32)
+  sampler = private.sampler(accountant, data=(data["x"], data["y"]))
+  return private.step(w0, private.init(w0), sampler.sample())
+
+
+def _make_private_device_release(key, data):
+  from jaxdp.accounting import PrivacyAccountant
+  return _make_private_device_step(key, data, PrivacyAccountant())
+
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.training.dpsgd.PrivateSGD.step[data=device]",
+    release=_make_private_device_release,
+    vector=lambda out: -_flat(out[0]),
+    charged=lambda data, acc: (_make_private_device_step(jax.random.key(12), data, acc), 1),
+    fresh=None,
+    audit=None,
+    **_common(pairs=lambda: add_remove_pairs(D_WIDE)[:1], skip={"audit": _HOST_LOOP_AUDIT})))
+
+
 # -- optax transforms: noisy_aggregate, private_sgd, dp_optimizer -----------------
 
 # The divisor is a data-independent constant (q N of the plan), the same on D and D'.

@@ -362,6 +362,14 @@ def _noop_event(original):
   return replacement
 
 
+def _spend_noop(original):
+  """Factory: the sampler's spend records a no-op event instead of the step's."""
+  del original
+  def replacement(accountant, event, count):
+    accountant.spend(events.NoOpDpEvent(), count=count)
+  return replacement
+
+
 INJECTIONS.extend([
     Injection("dpsgd", "jaxdp.training.dpsgd.noisy_aggregate",
               "jaxdp.training.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
@@ -378,6 +386,15 @@ INJECTIONS.extend([
     Injection("dpsgd", "jaxdp.training.dpsgd.train_dpsgd",
               "jaxdp.accounting.dpsgd_accounting.dpsgd_event", _noop_event, "charge",
               "train_dpsgd reserves a no-op event instead of its T steps (count dropped)"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.PrivateSGD.step",
+              "jaxdp.training.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
+              "make_private plan (host sampling): noise std sigma*S x 0.8"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.PrivateSGD.step[data=device]",
+              "jaxdp.training.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
+              "make_private plan (in-jit sampling from device data): noise std sigma*S x 0.8"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.PrivateSGD.step[data=device]",
+              "jaxdp.training.dpsgd.private_step._spend_once", _spend_noop, "charge",
+              "device-resident sampler pays a no-op event instead of each step"),
     Injection("prediction", "jaxdp.prediction.PredictionSensitivityPredictor.predict",
               "jaxdp.prediction.predictor.secrets", _constant_nonce, "fresh",
               "predictor nonce is a constant: two instances with one key replay the noise"),

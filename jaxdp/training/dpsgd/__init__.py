@@ -7,6 +7,11 @@
 * :func:`train_dpsgd` -- calibrate, train, account (linen or nnx models);
 * :func:`make_private` -- the same pieces wired once for a custom loop (paid sampler, checked step);
 * :func:`data_parallel_clipped_grad` -- shard_map data parallelism, noise added once;
+* :mod:`.device_sampling` -- Poisson sampling inside the jitted step from device-resident data
+  (``make_private(...).sampler(accountant, data=(x, y))``);
+* :mod:`.multihost` -- the same over the devices of several processes (``jax.distributed``);
+* :class:`RunCheckpointer` -- Orbax checkpoints of a private run plus its durable ledger
+  (``make_private(..., checkpoint_dir=...)``, ``train_dpsgd(..., checkpoint_dir=...)``);
 * :func:`linear_dpsgd` -- many independent DP-SGD runs of a softmax linear model in one call.
 """
 
@@ -17,13 +22,14 @@ from jaxdp.training.dpsgd.sampling import (BatchOverflowError, MaskedBatch, Padd
                                            PoissonSampler, abort_delta, effective_sample_rate,
                                            overflow_probability, pad_and_split, padded_batch_size,
                                            poisson_sample_indices)
-from jaxdp.training.dpsgd.private_step import (PaidSampler, PrivateBatch, PrivateSGD, PrivateState,
+from jaxdp.training.dpsgd.checkpointing import RunCheckpointer
+from jaxdp.training.dpsgd.private_step import (DeviceBatch, PaidSampler, PrivateBatch, PrivateSGD, PrivateState,
                                                make_private)
 from jaxdp.training.dpsgd.train import DPSGDResult, accuracy, make_per_example_loss, train_dpsgd
 from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, noise_stddev, noisy_aggregate, private_sgd
 
 __all__ = [
-    "BatchOverflowError", "ClippedGradFn", "ClippedGradInfo", "DPSGDResult", "LinearDPSGDResult",
+    "BatchOverflowError", "ClippedGradFn", "DeviceBatch", "RunCheckpointer", "ClippedGradInfo", "DPSGDResult", "LinearDPSGDResult",
     "MaskedBatch", "linear_dpsgd",
     "NoisyAggregateState", "PaddedBatch", "PoissonSampler", "abort_delta", "accuracy",
     "clipped_grad", "data_parallel_clipped_grad",

@@ -68,7 +68,9 @@ new plan with a fresh key for another run).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -80,28 +82,41 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import _inputs, clipping, sampling, transforms
+from jaxdp.training.dpsgd import _inputs, clipping, device_sampling, sampling, transforms
 
 PyTree = Any
 
 # Key for the sampling keys of steps beyond the planned T (allow_extra_steps=True):
 # fold_in of the sampling key, a branch disjoint from split(sampling_key, T).
 _EXTRA_STEPS_FOLD = 0x5EED
+# Key for the noise after restoring an older checkpoint (PrivateSGD.restore): fold_in of the
+# noise key with this tag and the first unpaid step, a branch of its own.
+_RESUME_FOLD = 0x2E5E
 
 
-class PrivateState(NamedTuple):
+class _PrivateStateFields(NamedTuple):
+  opt_state: Any
+
+
+class PrivateState(_PrivateStateFields):
   """State of a :class:`PrivateSGD` run: the optax state of ``PrivateSGD.optimizer``.
 
   ``opt_state[0]`` is the :class:`~.transforms.NoisyAggregateState` (the
   noise key, split every step, and the count of noisy updates applied).
+  A pytree (save it with :meth:`PrivateSGD.save` or any checkpointer). The
+  states :meth:`PrivateSGD.step` returns also remember their step count on
+  the host, so the step check needs no device round trip.
   """
-
-  opt_state: Any
 
   @property
   def step(self) -> jax.Array:
     """Number of noisy updates applied so far (int32 scalar on device)."""
     return self.opt_state[0].count
+
+  def _host_step(self) -> int:
+    """The step count without a device sync when this state came from ``step``."""
+    known = self.__dict__.get("_known_step")
+    return int(self.step) if known is None else known
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,6 +239,75 @@ class PrivateBatch:
     return int(self.masked.mask.shape[0])
 
 
+class DeviceBatch(PrivateBatch):
+  """A paid step of a sampler with device-resident data (``sampler(..., data=)``).
+
+  Holds only the step's sampling key: the Poisson batch is drawn, gathered
+  and padded inside the jit-compiled :meth:`PrivateSGD.step`
+  (:mod:`.device_sampling`). Usable once, like :class:`PrivateBatch`.
+  """
+
+  def __init__(self, ticket: "PoissonBatch", step_key_data: np.ndarray):
+    super().__init__(ticket, None, None)
+    self._step_key_data = step_key_data
+
+  @property
+  def num_chunks(self) -> int:
+    raise AttributeError("a DeviceBatch is sampled inside the step; it has no host chunks.")
+
+
+def _spend_once(accountant: Any, event: events.DpEvent, count: int) -> None:
+  """Spends ``count`` x ``event`` once for the whole run, also with several processes.
+
+  One process: ``accountant.spend``. Several (``jax.distributed``): process 0
+  alone spends on its accountant (a durable ``PrivacyBudget`` file is written
+  by it only, under its lock) and broadcasts whether it could; every process
+  then raises ``BudgetExceededError`` together, or goes on together. The other
+  processes mirror the spend on an in-memory ``PrivacyAccountant`` (so each
+  process can report epsilon) but never on a budget. A step can only be
+  computed with process 0 taking part in its collectives, and process 0 joins
+  only after its spend returned: no step is released unpaid, also when some
+  process dies.
+  """
+  if jax.process_count() == 1:
+    accountant.spend(event, count=count)
+    return
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from jaxdp.accounting.accountant import PrivacyAccountant  # pylint: disable=g-import-not-at-top
+  error = None
+  if jax.process_index() == 0:
+    try:
+      accountant.spend(event, count=count)
+    except BudgetExceededError as err:
+      error = err
+  ok = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
+  if not ok:
+    raise error if error is not None else BudgetExceededError(
+        "process 0's accountant could not pay the step(s); nothing was spent.")
+  if jax.process_index() != 0 and isinstance(accountant, PrivacyAccountant):
+    accountant.spend(event, count=count)
+
+
+class _DevicePath(NamedTuple):
+  data: tuple
+  update: Callable[..., Any]
+  replicated: Any  # NamedSharding for params/state on the mesh, or None
+  host_labels: Any  # this process's labels, for the first step's range check
+  padded_size: int  # static chunk size per device
+
+
+def _local_rows(a: jax.Array) -> np.ndarray:
+  """This process's rows of a global array sharded along its leading axis (host copy)."""
+  shards = sorted(a.addressable_shards, key=lambda sh: sh.index[0].start or 0)
+  seen, parts = set(), []
+  for sh in shards:
+    start = sh.index[0].start or 0
+    if start not in seen:
+      seen.add(start)
+      parts.append(np.asarray(sh.data))
+  return np.concatenate(parts)
+
+
 class PaidSampler:
   """Poisson batches that are paid for on the accountant before they exist.
 
@@ -237,18 +321,26 @@ class PaidSampler:
     steps_sampled: batches handed out so far (including ``start_step``).
   """
 
-  def __init__(self, plan: "PrivateSGD", accountant: Any, start_step: int):
+  def __init__(self, plan: "PrivateSGD", accountant: Any, start_step: int,
+               steps_paid: int | None = None):
     if not hasattr(accountant, "spend"):
       raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
                       f"spend(event, count)), got {type(accountant).__name__}.")
     self._plan = plan
     self.accountant = accountant
-    self.steps_paid = start_step
+    self.steps_paid = start_step if steps_paid is None else steps_paid
     self.steps_sampled = start_step
     self._poisson = sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
                                             padded_size=plan.padded_size, on_overflow="split")
     self._keys = jax.random.split(plan._sample_key, plan.steps)  # pylint: disable=protected-access
+    self._key_data: np.ndarray | None = None  # host copy of the step keys (device path)
+    self._device: Any = None  # (data, update) of the device-resident path
     self._again: list[PoissonBatch] = []  # paid batches whose gather/step was refused
+
+  @property
+  def device_resident(self) -> bool:
+    """Whether batches are sampled inside the jitted step from device-resident data."""
+    return self._device is not None
 
   def _hand_out_again(self, batch: PoissonBatch) -> None:
     if batch not in self._again:
@@ -275,13 +367,16 @@ class PaidSampler:
           f"calibrated for (paid so far: {self.steps_paid}); pass allow_extra_steps=True to "
           "make_private to run (and account) more. Nothing was spent.")
     try:
-      self.accountant.spend(plan.step_event(), count=steps)
+      _spend_once(self.accountant, plan.step_event(), steps)
     except BudgetExceededError as err:
       raise BudgetExceededError(
           f"the accountant cannot pay {steps} DP-SGD step(s) (q={plan.sample_rate}, "
           f"noise_multiplier={plan.noise_multiplier}); nothing was sampled or spent. ({err})"
       ) from err
     self.steps_paid += steps
+    if plan._checkpointer is not None:  # pylint: disable=protected-access
+      # Durable before any of these steps' batches exists (spend before release).
+      plan._checkpointer.record_paid(self.steps_paid)  # pylint: disable=protected-access
 
   def _key(self, t: int) -> jax.Array:
     if t < self._plan.steps:
@@ -296,13 +391,27 @@ class PaidSampler:
     """
     self._again = [b for b in self._again if not b._used]  # pylint: disable=protected-access
     if self._again:
-      return self._again.pop(0)
+      ticket = self._again.pop(0)
+      if self._device is not None:
+        return DeviceBatch(ticket, self._step_key_data(ticket.step_index))
+      return ticket
     if self.steps_sampled >= self.steps_paid:
       self.pay(1)
     t = self.steps_sampled
+    if self._device is not None:
+      ticket = PoissonBatch(self._plan, t, [], self)
+      self.steps_sampled += 1
+      return DeviceBatch(ticket, self._step_key_data(t))
     chunks = self._poisson.sample(self._key(t))
     self.steps_sampled += 1
     return PoissonBatch(self._plan, t, chunks, self)
+
+  def _step_key_data(self, t: int) -> np.ndarray:
+    if t < self._plan.steps:
+      if self._key_data is None:
+        self._key_data = np.asarray(jax.random.key_data(self._keys))
+      return self._key_data[t]
+    return np.asarray(jax.random.key_data(self._key(t)))
 
   def epsilon(self, delta: float | None = None) -> float:
     """Epsilon of the DP-SGD steps paid so far (at the plan's ``delta`` by default).
@@ -367,6 +476,115 @@ class PrivateSGD:
   per_example_loss: Callable[..., Any] = dataclasses.field(default=None, repr=False)
   _checked: dict = dataclasses.field(default_factory=dict, repr=False)
   neighbouring: str = events.ADD_REMOVE
+  _checkpointer: Any = dataclasses.field(default=None, repr=False)
+  _checkpoint_every: int | None = dataclasses.field(default=None, repr=False)
+  _run: dict = dataclasses.field(default_factory=dict, repr=False)
+  _physical_batch_size: int | None = dataclasses.field(default=None, repr=False)
+  _overflow_prob: float = dataclasses.field(default=1e-9, repr=False)
+  _noise_key: Any = dataclasses.field(default=None, repr=False)
+
+  @property
+  def _resume_step(self) -> int:
+    return int(self._run.get("resume_step", 0))
+
+  @property
+  def checkpoint_dir(self) -> str | None:
+    """The run's checkpoint directory (``make_private(checkpoint_dir=)``), or None."""
+    return None if self._checkpointer is None else self._checkpointer.directory
+
+  def _require_checkpointer(self, what: str):
+    if self._checkpointer is None:
+      raise ValueError(f"{what} needs make_private(..., checkpoint_dir=...).")
+    return self._checkpointer
+
+  def restore(self, params: PyTree, *, step: int | None = None) -> tuple[PyTree, PrivateState]:
+    """Resumes the run from ``checkpoint_dir``, or starts it: ``(params, state)``.
+
+    ``params`` is the freshly initialised model (it gives the structure and
+    dtypes, and is returned with ``init(params)`` when the directory holds no
+    checkpoint yet). Call it before :meth:`sampler`, which then continues at
+    the restored position. Rules (the run's durable ledger, ``ledger.json``,
+    holds the steps paid and the newest step ever checkpointed):
+
+    * the newest checkpoint, with every paid step after it lost (the process
+      died between checkpoints): the run continues at the checkpoint's step
+      with the SAME batches and noise as the lost steps, bit-identical to an
+      uninterrupted run; those steps are not paid again (their outputs died
+      unreleased with the process; the ledger keeps one charge each);
+    * an OLDER checkpoint (``step=`` below the newest step ever saved): its
+      later steps were released in a newer checkpoint, so replaying them would
+      publish two outputs with the same noise. The run continues at the first
+      step never paid instead, with fresh sampling and noise keys; the lost
+      steps stay spent and count towards the plan's T.
+
+    A directory written by another plan (another N, q, sigma, S, T, P, key,
+    relation or unit) is refused before anything is read. A checkpoint holds
+    the noise key: keep it as private as the data (publish only parameters).
+    """
+    ckpt = self._require_checkpointer("restore")
+    if self._opened:
+      raise ValueError("restore must come before sampler(): the sampler starts at the restored "
+                       "step.")
+    fresh = self.init(params)
+    template = {"params": params, "opt_state": fresh.opt_state}
+    newest = ckpt.latest_step()
+    if newest is None and step is None:
+      self._run["resume_step"] = 0
+      if ckpt.steps_paid():
+        # Paid steps but no checkpoint: never replay them from the initial state's keys
+        # if a checkpoint of them was ever written; otherwise the lost steps are replayed.
+        if ckpt.checkpointed_through() > 0:
+          return self._skip_to_unpaid(params, fresh, ckpt.steps_paid())
+      return params, fresh
+    got, tree = ckpt.restore(template, step=step)
+    state = PrivateState(tree["opt_state"])
+    at = int(state.step)
+    paid = ckpt.steps_paid()
+    if at < ckpt.checkpointed_through() and paid > at:
+      return self._skip_to_unpaid(tree["params"], state, paid)
+    self._run["resume_step"] = at
+    state._known_step = at  # pylint: disable=protected-access
+    return tree["params"], state
+
+  def _skip_to_unpaid(self, params: PyTree, state: PrivateState,
+                      paid: int) -> tuple[PyTree, PrivateState]:
+    """State that continues at slot ``paid`` with a noise key no earlier step used."""
+    if paid > self.steps and not self.allow_extra_steps:
+      raise BudgetExceededError(
+          f"all {self.steps} planned steps were paid already ({paid}); restoring an older "
+          "checkpoint cannot replay them. Pass allow_extra_steps=True to pay more steps.")
+    noise = state.opt_state[0]
+    fresh_key = jax.random.fold_in(jax.random.fold_in(self._noise_key, _RESUME_FOLD), paid)
+    inner = noise._replace(key=fresh_key, count=jnp.asarray(paid, noise.count.dtype))
+    state = PrivateState((inner,) + tuple(state.opt_state[1:]))
+    state._known_step = paid  # pylint: disable=protected-access
+    self._run["resume_step"] = paid
+    return params, state
+
+  def save(self, params: PyTree, state: PrivateState, *, wait: bool = False) -> int:
+    """Checkpoints ``(params, state)`` at the state's step in ``checkpoint_dir``; returns the step.
+
+    :meth:`step` calls it every ``checkpoint_every`` steps and after the last
+    planned step. Orbax (``orbax-checkpoint``) writes the parameters and the
+    optimiser state (noise key, step count, optimiser moments); the sampler's
+    position is the step count, and the steps paid are in the durable ledger.
+    """
+    ckpt = self._require_checkpointer("save")
+    at = state._host_step()  # pylint: disable=protected-access
+    ckpt.save(at, {"params": params, "opt_state": state.opt_state}, wait=wait)
+    return at
+
+  def close(self) -> None:
+    """Waits for pending checkpoint saves (no-op without ``checkpoint_dir``)."""
+    if self._checkpointer is not None:
+      self._checkpointer.close()
+
+  def _after_step(self, params: PyTree, state: PrivateState, done: int) -> None:
+    if self._checkpointer is None:
+      return
+    every = self._checkpoint_every
+    if done == self.steps or (every and done % every == 0):
+      self.save(params, state, wait=done == self.steps)
 
   def _label_position(self) -> int | None:
     """Index of the labels among the gathered arrays, for a make_per_example_loss loss."""
@@ -425,26 +643,118 @@ class PrivateSGD:
     """The optimiser state for ``params`` (noise key, step count 0, base optimiser state)."""
     return PrivateState(self.optimizer.init(params))
 
-  def sampler(self, accountant: Any, *, start_step: int = 0) -> PaidSampler:
+  def sampler(self, accountant: Any, *, start_step: int | None = None, data: Any = None,
+              mesh: Any = None) -> PaidSampler:
     """The plan's batch source, paying each step on ``accountant`` before sampling it.
+
+    Two paths, the same batches for the same key:
+
+    * host (default): ``sampler.sample()`` draws the Poisson batch on the
+      host; ``.gather(x, y)`` copies its padded chunks to the device. For data
+      that does not fit on the device.
+    * device-resident (``data=(x, y)``): the data is placed on the device (or
+      sharded over ``mesh``) once, ``sampler.sample()`` returns a
+      :class:`DeviceBatch` holding only the step's key, and :meth:`step`
+      samples, gathers, clips, noises and updates in ONE jit-compiled call
+      (:mod:`.device_sampling`): no host work per step.
 
     Args:
       accountant: a ``PrivacyAccountant`` or ``PrivacyBudget`` (required: a
-        batch without a ledger entry cannot exist).
+        batch without a ledger entry cannot exist). With several processes
+        (``jax.distributed``), process 0 alone spends on it and the others
+        follow (:func:`_spend_once`).
       start_step: resume a run after ``start_step`` steps that were already
         paid (e.g. on a persistent ``PrivacyBudget``) and applied to the
-        checkpointed state; sampling continues with that step's key.
+        state you pass to :meth:`step`; sampling continues with that step's
+        key. With ``checkpoint_dir`` leave it out: the position comes from
+        :meth:`restore` and the run's durable ledger.
+      data: the dataset, one array (or pytree) per batch argument of the loss,
+        N rows each (``num_examples``); or, on several processes, the global
+        arrays of :func:`.multihost.global_dataset`. Checked once here (real,
+        finite, N rows, integer labels for a ``make_per_example_loss`` loss).
+      mesh: a 1-D mesh with axis ``"data"`` (:func:`.data_parallel.make_data_mesh`,
+        :func:`.multihost.global_mesh`): data parallelism over its devices
+        (of one or several processes), the clipped sums ``psum``-reduced and
+        the noise added once. Only with ``data``.
     """
-    start = int(start_step) if not isinstance(start_step, bool) else -1
+    if mesh is not None and data is None:
+      raise ValueError("mesh needs data=: the device-resident path shards the data over it.")
+    ckpt = self._checkpointer
+    steps_paid = None
+    if start_step is None:
+      start = self._resume_step if ckpt is not None else 0
+    else:
+      if ckpt is not None:
+        raise ValueError("start_step cannot be combined with checkpoint_dir: the position comes "
+                         "from restore() and the run's durable ledger.")
+      start = int(start_step) if not isinstance(start_step, bool) else -1
     if start < 0 or (start > self.steps and not self.allow_extra_steps):
       raise ValueError(f"start_step must be in [0, steps={self.steps}], got {start_step!r}.")
-    sampler = PaidSampler(self, accountant, start)  # validates the accountant first
+    if ckpt is not None:
+      steps_paid = max(start, ckpt.steps_paid())
+    sampler = PaidSampler(self, accountant, start, steps_paid)  # validates the accountant first
     if self._opened:
       raise ValueError("this plan already opened its sampler: one plan is one training run "
                        "(a second sampler would reuse its sampling and noise keys). Call "
                        "make_private again with a fresh key for another run.")
+    if data is not None:
+      sampler._device = self._device_path(data, mesh)  # pylint: disable=protected-access
+    if ckpt is not None and steps_paid and getattr(accountant, "path", None) is None:
+      # The durable ledger holds steps paid by an earlier process of this run; an
+      # in-memory accountant starts empty, so they are charged to it again here (a
+      # durable PrivacyBudget already holds them).
+      _spend_once(accountant, self.step_event(), steps_paid)
     self._opened.append(True)
     return sampler
+
+  def _device_path(self, data: Any, mesh: Any) -> tuple:
+    """Checks and places ``data``; builds the jitted sample-and-update (:mod:`.device_sampling`)."""
+    arrays = tuple(data) if isinstance(data, (tuple, list)) else (data,)
+    if len(arrays) != len(self.batch_argnums):
+      raise ValueError(f"data needs {len(self.batch_argnums)} arrays (one per batch argument of "
+                       f"the loss, batch_argnums={self.batch_argnums}), got {len(arrays)}.")
+    names = tuple(f"data[{i}]" for i in range(len(arrays)))
+    label = self._label_position()
+    if label is not None:
+      _inputs.check_label_dtype(arrays[label], names[label] + " (labels)")
+    leaves = jax.tree.leaves(arrays)
+    if all(not isinstance(a, jax.Array) or a.is_fully_addressable for a in leaves):
+      _inputs.check_examples(arrays, names, self.num_examples)
+      local = arrays
+    else:
+      if mesh is None:
+        raise ValueError("global (multi-process) data arrays need the mesh they are sharded over.")
+      local = tuple(jax.tree.map(_local_rows, a) for a in arrays)
+      _inputs.check_examples(local, names, int(jax.tree.leaves(local[0])[0].shape[0]))
+    if mesh is not None:
+      if device_sampling.DATA_AXIS not in mesh.axis_names or len(mesh.axis_names) != 1:
+        raise ValueError(f"mesh must be 1-D with axis {device_sampling.DATA_AXIS!r}, got "
+                         f"{mesh.axis_names}.")
+      shards = mesh.shape[device_sampling.DATA_AXIS]
+    else:
+      shards = 1
+    padded = (self.padded_size if mesh is None else device_sampling.local_padded_size(
+        self.num_examples, self.sample_rate, shards, self._physical_batch_size,
+        self._overflow_prob))
+    placed = device_sampling.place_data(arrays, self.num_examples, mesh)
+    clipped_sum = device_sampling.clipped_sum_fn(
+        self.clipped_grad_fn, num_examples=self.num_examples, sample_rate=self.sample_rate,
+        padded_size=padded, mesh=mesh)
+    tx = self.optimizer
+    impl = jax.random.key_impl(self._sample_key)
+
+    @jax.jit
+    def update(params, opt_state, key_data, arrays):
+      step_key = jax.random.wrap_key_data(key_data, impl=impl)
+      gsum, (loss, num, clipped) = clipped_sum(params, step_key, arrays)
+      updates, opt_state = tx.update(gsum, opt_state, params)
+      return (optax.apply_updates(params, updates), opt_state,
+              StepInfo(nonprivate_loss_sum=loss, nonprivate_num_examples=num,
+                       nonprivate_num_clipped=clipped))
+
+    replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    host_labels = None if label is None else local[label]
+    return _DevicePath(placed, update, replicated, host_labels, padded)
 
   def step_event(self) -> events.DpEvent:
     """The event of ONE step: :func:`~jaxdp.accounting.dpsgd_event` with one step.
@@ -521,25 +831,40 @@ class PrivateSGD:
       if not isinstance(state, PrivateState):
         raise TypeError(f"state must be the PrivateState from init(), got "
                         f"{type(state).__name__}.{kept}")
-      current = int(state.step)
+      current = state._host_step()  # pylint: disable=protected-access
       if current != ticket.step_index:
         raise ValueError(
             f"the batch was paid for step {ticket.step_index} but the state has applied "
             f"{current} updates: reusing an old state would reuse its noise key.{kept}")
-      # Shapes of one chunk (P, ...), without touching the data.
-      chunk = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
-                           batch.masked.arrays)
-      classes = self._check_model(params, chunk, kept)
       label = self._label_position()
-      if label is not None:
-        host_labels = batch._host_labels  # pylint: disable=protected-access
-        _inputs.check_labels(host_labels, f"gather argument {label} (labels)", classes, kept)
-      params, opt_state, info = self._update(params, state.opt_state, batch.masked)
+      if isinstance(batch, DeviceBatch):
+        sampler = ticket._sampler  # pylint: disable=protected-access
+        dev = sampler._device  # pylint: disable=protected-access
+        classes = self._check_model(params, dev.data, kept)
+        if label is not None and dev.host_labels is not None:
+          _inputs.check_labels(dev.host_labels, f"data[{label}] (labels)", classes, kept)
+          sampler._device = dev._replace(host_labels=None)  # pylint: disable=protected-access
+        opt_state = state.opt_state
+        if dev.replicated is not None:
+          params, opt_state = jax.device_put((params, opt_state), dev.replicated)
+        params, opt_state, info = dev.update(params, opt_state, batch._step_key_data, dev.data)  # pylint: disable=protected-access
+      else:
+        # Shapes of one chunk (P, ...), without touching the data.
+        chunk = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+                             batch.masked.arrays)
+        classes = self._check_model(params, chunk, kept)
+        if label is not None:
+          host_labels = batch._host_labels  # pylint: disable=protected-access
+          _inputs.check_labels(host_labels, f"gather argument {label} (labels)", classes, kept)
+        params, opt_state, info = self._update(params, state.opt_state, batch.masked)
     except (TypeError, ValueError):
       ticket._refused()  # pylint: disable=protected-access  (no-op for a used batch)
       raise
     ticket._used = True  # pylint: disable=protected-access
-    return params, PrivateState(opt_state), info
+    new_state = PrivateState(opt_state)
+    new_state._known_step = ticket.step_index + 1  # pylint: disable=protected-access
+    self._after_step(params, new_state, ticket.step_index + 1)
+    return params, new_state, info
 
 
 def make_private(
@@ -567,6 +892,8 @@ def make_private(
     unit: str = events.DEFAULT_UNIT,
     allow_extra_steps: bool = False,
     neighbouring: str = "add_remove",
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
 ) -> PrivateSGD:
   """Wires clipping, Poisson sampling, noise, optimiser and accounting for a custom loop.
 
@@ -615,6 +942,15 @@ def make_private(
     neighbouring: ``"add_remove"`` (default) or ``"replace_one"`` (needs
       ``accountant_method="pld"``): the relation of the calibration, the events
       the sampler pays and the reported epsilon.
+    checkpoint_dir: make the run resumable: Orbax checkpoints of the params
+      and optimiser state (noise key and step included) and a durable ledger
+      of the steps paid, written before each batch exists
+      (:mod:`.checkpointing`). Call :meth:`PrivateSGD.restore` before the
+      sampler; a killed run restarted with the same arguments continues
+      bit-identically, and its accountant holds exactly the steps paid.
+    checkpoint_every: with ``checkpoint_dir``, save every this many steps
+      (default: every ``max(1, T // 10)`` steps); the last planned step is
+      always saved.
 
   Returns:
     A :class:`PrivateSGD`.
@@ -670,8 +1006,26 @@ def make_private(
                                                     neighbouring=relation)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
+  if checkpoint_every is not None:
+    checkpoint_every = _validation.check_positive_int(checkpoint_every, "checkpoint_every")
+    if checkpoint_dir is None:
+      raise ValueError("checkpoint_every needs checkpoint_dir.")
+  if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+    raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}.")
   _, sample_key, noise_key = jax.random.split(key, 3)
   expected = q * n
+  checkpointer = None
+  if checkpoint_dir is not None:
+    from jaxdp.training.dpsgd import checkpointing  # pylint: disable=g-import-not-at-top
+    fingerprint = {
+        "num_examples": n, "sample_rate": q, "noise_multiplier": float(sigma),
+        "sensitivity": sensitivity, "steps": t_planned, "padded_size": int(padded),
+        "unit": unit, "neighbouring": relation, "accountant_method": accountant_method,
+        "key_sha256": hashlib.sha256(np.asarray(jax.random.key_data(key)).tobytes()).hexdigest(),
+    }
+    checkpointer = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), fingerprint)
+    if checkpoint_every is None:
+      checkpoint_every = max(1, t_planned // 10)
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
   tx = optax.chain(transforms.noisy_aggregate(sigma, sensitivity, expected, noise_key), base)
 
@@ -705,8 +1059,10 @@ def make_private(
       optimizer=tx, base_optimizer=base, clipped_grad_fn=grad_fn, batch_argnums=batch_argnums,
       accountant_method=accountant_method, unit=unit, allow_extra_steps=allow_extra_steps,
       _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss,
-      neighbouring=relation)
+      neighbouring=relation, _checkpointer=checkpointer, _checkpoint_every=checkpoint_every,
+      _physical_batch_size=physical_batch_size, _overflow_prob=overflow_prob,
+      _noise_key=noise_key)
 
 
-__all__ = ["PaidSampler", "PoissonBatch", "PrivateBatch", "PrivateSGD", "PrivateState",
+__all__ = ["DeviceBatch", "PaidSampler", "PoissonBatch", "PrivateBatch", "PrivateSGD", "PrivateState",
            "StepInfo", "make_private"]
