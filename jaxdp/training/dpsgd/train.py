@@ -28,7 +28,9 @@ second reservation raises ``BudgetExceededError`` before any training).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
+import os
 import time
 from typing import Any, Callable
 
@@ -220,6 +222,8 @@ def train_dpsgd(
     eval_every: int | None = None,
     progress: bool = False,
     neighbouring: str = "add_remove",
+    checkpoint_dir: str | None = None,
+    checkpoint_every: int | None = None,
 ) -> DPSGDResult:
   """Trains ``model`` with DP-SGD on ``(x, y)`` and reports the epsilon spent.
 
@@ -292,6 +296,16 @@ def train_dpsgd(
     progress: show a tqdm bar.
     neighbouring: ``"add_remove"`` (default) or ``"replace_one"`` (needs
       ``accountant_method="pld"``): the relation of the guarantee and of the event spent.
+    checkpoint_dir: make the run resumable (:mod:`.checkpointing`): Orbax
+      checkpoints of the params and optimiser state (noise key and step)
+      every ``checkpoint_every`` steps (default ``max(1, T // 10)``) and at
+      the end, and a durable ledger that records the planned event as paid.
+      Calling ``train_dpsgd`` again with the same arguments continues from the
+      newest checkpoint with the same batches and noise (the result equals an
+      uninterrupted run's); the planned event is charged again only to an
+      in-memory accountant (a durable ``PrivacyBudget(path=...)`` already holds
+      it), so the ledger holds the run once. ``history`` and ``seconds`` cover
+      the steps this call ran. A directory of another plan is refused.
   """
   _validation.check_key(key)
   # Every input is checked here, before any calibration, gradient or spend.
@@ -319,6 +333,13 @@ def train_dpsgd(
   q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
   delta = _validation.check_delta(delta, allow_zero=False)
   steps = dpsgd_accounting.steps_for_epochs(epochs, q)
+  every = None
+  if checkpoint_every is not None:
+    every = _validation.check_positive_int(checkpoint_every, "checkpoint_every")
+    if checkpoint_dir is None:
+      raise ValueError("checkpoint_every needs checkpoint_dir.")
+  if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+    raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}.")
   frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
   if not 0.0 < frac <= 1.0:
     raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
@@ -371,8 +392,26 @@ def train_dpsgd(
           f"(overflow_prob <= {allowed:.3g}) or on_overflow='split' (exact, no extra delta). "
           "Nothing was trained or spent.")
 
+  ckpt = None
+  if checkpoint_dir is not None:
+    from jaxdp.training.dpsgd import checkpointing  # pylint: disable=g-import-not-at-top
+    ckpt = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), {
+        "function": "train_dpsgd", "num_examples": n, "sample_rate": q,
+        "noise_multiplier": float(sigma), "sensitivity": float(sensitivity), "steps": steps,
+        "padded_size": int(sampler.padded_size), "on_overflow": on_overflow,
+        "neighbouring": relation, "accountant_method": accountant_method,
+        "key_sha256": hashlib.sha256(np.asarray(jax.random.key_data(key)).tobytes()).hexdigest()})
+    every = every or max(1, steps // 10)
+    newest, through = ckpt.latest_step(), ckpt.checkpointed_through()
+    if through and (newest is None or newest < through):
+      raise ValueError(
+          f"checkpoint_dir holds no checkpoint of step {through}, which was saved (released) "
+          f"before; resuming from step {newest or 0} would replay the noise of released steps. "
+          "Use a fresh checkpoint_dir, or make_private(...).restore, which continues with fresh "
+          "keys.")
+  already_paid = ckpt is not None and ckpt.steps_paid() >= steps
   # Reserve the planned event BEFORE the first step; no refund if the run stops.
-  if accountant is not None:
+  if accountant is not None and not (already_paid and getattr(accountant, "path", None)):
     planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps, neighbouring=relation) if sigma > 0
                else events.NonPrivateDpEvent())
     try:
@@ -381,10 +420,18 @@ def train_dpsgd(
       raise BudgetExceededError(
           f"DP-SGD ({steps} steps, q={q}, noise_multiplier={sigma}) would exceed the budget; "
           f"nothing was trained or spent. ({err})") from err
+  if ckpt is not None:
+    ckpt.record_paid(steps)
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
   tx = optax.chain(
       transforms.noisy_aggregate(sigma, sensitivity, sampler.expected_batch_size, noise_key), base)
   opt_state = tx.init(params)
+  first_step = 0
+  if ckpt is not None and ckpt.latest_step() is not None:
+    first_step, restored = ckpt.restore({"params": params, "opt_state": opt_state})
+    params, opt_state = restored["params"], restored["opt_state"]
+    if mesh is not None:
+      params, opt_state = data_parallel.replicate((params, opt_state), mesh)
 
   @jax.jit
   def accumulate(params, acc, xs, ys, idx, mask):
@@ -403,11 +450,11 @@ def train_dpsgd(
       lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(jnp.result_type(p), jnp.float32)), params)
   history: list[dict[str, float]] = []
   step_keys = jax.random.split(sample_key, steps)
-  iterator = range(steps)
+  iterator = range(first_step, steps)
   if progress:
     from tqdm.auto import tqdm
-    iterator = tqdm(iterator, desc="DP-SGD", unit="step")
-  steps_run = 0
+    iterator = tqdm(iterator, desc="DP-SGD", unit="step", initial=first_step, total=steps)
+  steps_run = first_step
   loss_acc, count_acc = 0.0, 0
   t0 = time.perf_counter()
 
@@ -430,6 +477,8 @@ def train_dpsgd(
     params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(idx),
                                   jnp.asarray(mask))
     steps_run = t + 1
+    if ckpt is not None and (steps_run % every == 0 or steps_run == steps):
+      ckpt.save(steps_run, {"params": params, "opt_state": opt_state}, wait=steps_run == steps)
     loss_acc += float(loss_sum + ls)
     count_acc += sum(c.num_examples for c in chunks)
     if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
