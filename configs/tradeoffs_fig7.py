@@ -29,7 +29,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.validation_fraction = 0.1      # held out to choose the clip norm (when several)
   config.dpsgd = ml_collections.ConfigDict(dict(
       epochs=100.0, expected_batch_size=600.0, learning_rate=0.1, momentum=0.9,
-      clip_norms=(1.0,), physical_batch_size=0, augment=True))
+      clip_norms=(1.0,), physical_batch_size=0, augment=True,
+      checkpoint_every=0))  # steps between checkpoints of a DP-SGD model (0: once per epoch)
   config.teachers = ml_collections.ConfigDict(dict(
       num_teachers=16, epochs=500.0, batch_size=600, learning_rate=0.1, momentum=0.9,
       augment=True,

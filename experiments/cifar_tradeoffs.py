@@ -47,6 +47,7 @@ import functools
 import os
 import pathlib
 import pickle
+import shutil
 import time
 
 import jax
@@ -146,9 +147,11 @@ def _predict(model, params, x, batch=1000):
   return out.reshape(-1)[:n]
 
 
-def make_dpsgd_resnet(key, x, y, eps, clip, config):
+def make_dpsgd_resnet(key, x, y, eps, clip, config, checkpoint_dir=None):
   """ResNet-20 parameters, the wired :class:`~jaxdp.training.dpsgd.PrivateSGD` and its plan.
 
+  With ``checkpoint_dir`` the plan checkpoints every ``config.dpsgd.checkpoint_every``
+  steps (0: once per epoch) and resumes from the directory.
   Returns ``(params, model, private, total_steps, steps_per_epoch, augment_key)``.
   """
   d = config.dpsgd
@@ -158,33 +161,45 @@ def make_dpsgd_resnet(key, x, y, eps, clip, config):
   loss = dpsgd.make_per_example_loss(lambda p, xb: model.apply({"params": p}, xb))
   batch = min(float(d.expected_batch_size), float(len(y)))
   total = steps_for_epochs(d.epochs, batch / len(y))  # the schedule needs T before make_private
+  per_epoch = max(1, round(total / d.epochs))
+  every = int(d.get("checkpoint_every", 0)) or per_epoch
   private = dpsgd.make_private(
       loss, l2_clip_norm=clip, num_examples=len(y), key=k_run,
       expected_batch_size=batch, target_epsilon=eps,
       delta=config.delta, epochs=d.epochs, physical_batch_size=d.physical_batch_size or None,
-      optimizer=optax.sgd(_schedule(d.learning_rate, total), momentum=d.momentum or None))
-  per_epoch = max(1, round(total / d.epochs))
+      optimizer=optax.sgd(_schedule(d.learning_rate, total), momentum=d.momentum or None),
+      checkpoint_dir=checkpoint_dir, checkpoint_every=every if checkpoint_dir else None)
   return params, model, private, total, per_epoch, k_aug
 
 
-def train_dpsgd_resnet(key, x, y, eps, clip, config, progress=True):
-  """One DP-SGD ResNet-20 at ``(eps, config.delta)``; returns ``(params, model, private)``."""
-  params, model, private, total, per_epoch, k_aug = make_dpsgd_resnet(key, x, y, eps, clip, config)
+def train_dpsgd_resnet(key, x, y, eps, clip, config, progress=True, checkpoint_dir=None):
+  """One DP-SGD ResNet-20 at ``(eps, config.delta)``; returns ``(params, model, private)``.
+
+  With ``checkpoint_dir`` a killed run started again with the same arguments resumes
+  from its newest checkpoint (same batches, same noise; each step paid once).
+  Augmentation is drawn per epoch from ``fold_in(augment_key, epoch)``, so a resumed
+  epoch sees the same augmented images.
+  """
+  params, model, private, total, per_epoch, k_aug = make_dpsgd_resnet(
+      key, x, y, eps, clip, config, checkpoint_dir)
   accountant = PrivacyAccountant()
+  if checkpoint_dir:
+    params, state = private.restore(params)
+  else:
+    state = private.init(params)
   sampler = private.sampler(accountant)
-  state = private.init(params)
-  bar = tqdm(total=total, desc=f"DP-SGD ε={eps:g} ν={clip:g}", disable=not progress)
-  t = 0
-  epoch = 0
+  t = sampler.steps_sampled
+  bar = tqdm(total=total, initial=t, desc=f"DP-SGD ε={eps:g} ν={clip:g}", disable=not progress)
   while t < total:
+    epoch = t // per_epoch
     x_epoch = augment(jax.random.fold_in(k_aug, epoch), x) if config.dpsgd.augment else x
-    for _ in range(min(per_epoch, total - t)):
+    for _ in range(min(per_epoch - t % per_epoch, total - t)):
       batch = sampler.sample().gather(x_epoch, y)
       params, state, _ = private.step(params, state, batch)
       t += 1
       bar.update()
-    epoch += 1
   bar.close()
+  private.close()
   assert private.steps == total and sampler.epsilon() <= eps * (1 + 1e-9)
   return params, model, private
 
@@ -269,6 +284,9 @@ def main(config) -> list[dict]:
   x, y, x_test, y_test = load_cifar10(config)
   root = jax.random.key(config.seed)
   key_for = lambda *tag: jax.random.fold_in(root, results_io.point_seed(tag))
+  # A killed run restarted with the same command resumes each DP-SGD model mid-training from
+  # here (checkpoints every config.dpsgd.checkpoint_every steps; they hold noise keys: private).
+  ckpt = lambda name: str(out / "checkpoints" / name)
   y_test_j = jnp.asarray(y_test)
 
   # DP-SGD: one model per epsilon (clip chosen on a held-out split when several are given).
@@ -287,18 +305,21 @@ def main(config) -> list[dict]:
       scores = []
       for c in clips:
         p, model, _ = train_dpsgd_resnet(key_for("dpsgd", eps, "val", c), x[fi], y[fi], eps, c,
-                                         config)
+                                         config, checkpoint_dir=ckpt(f"dpsgd_eps{eps:g}_val{c:g}"))
         scores.append(float(jnp.mean(_predict(model, p, x[vi]) == y[vi])))
       val_acc = max(scores)
       clip = clips[int(np.argmax(scores))]
     else:
       clip = clips[0]
-    p, model, private = train_dpsgd_resnet(key_for("dpsgd", eps, "test"), x, y, eps, clip, config)
+    p, model, private = train_dpsgd_resnet(key_for("dpsgd", eps, "test"), x, y, eps, clip, config,
+                                           checkpoint_dir=ckpt(f"dpsgd_eps{eps:g}"))
     acc = float(jnp.mean(_predict(model, p, x_test) == y_test_j))
     log.append(point, [dict(method="dpsgd", epsilon=eps, delta=config.delta, clip_norm=clip,
                             noise_multiplier=private.noise_multiplier, steps=private.steps,
                             val_accuracy=val_acc, test_accuracy_mean=acc, test_accuracy_std=0.0,
                             num_draws=1, seconds=time.time() - t0)])
+    # The point is logged: its checkpoints (which hold noise keys) are not kept.
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
 
   # Subsample-and-aggregate: teachers once, then every (eps, B) point from the same votes.
   sa_points = ([("subsample_aggregate", float(e), int(config.budget)) for e in config.epsilons]

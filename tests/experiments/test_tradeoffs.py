@@ -184,6 +184,63 @@ def test_cifar_fig7_runs_on_random_cifar_shaped_data(tmp_path, monkeypatch):
   _check_cifar_fig7(tmp_path, experiment)
 
 
+class _Preempted(Exception):
+  pass
+
+
+def _check_cifar_resume(tmp_path, experiment, epochs, batch, every, crash_after):
+  """A DP-SGD model killed mid-run resumes to the uninterrupted parameters (Fig. 7's trainer)."""
+  config = _load("configs/tradeoffs_fig7.py").get_config()
+  config.dpsgd.epochs = epochs
+  config.dpsgd.expected_batch_size = batch
+  config.dpsgd.checkpoint_every = every
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(32, 32, 32, 3)).astype(np.float32)
+  y = rng.integers(0, 10, 32).astype(np.int32)
+  args = (jax.random.key(3), x, y, 2.0, 1.0, config)
+  ref, _, private = experiment.train_dpsgd_resnet(*args, progress=False)
+  steps = private.steps
+
+  class Bar:  # the progress bar "crashes" the run after `crash_after` steps
+    def __init__(self, *a, initial=0, **k):
+      self.n = initial
+    def update(self):
+      self.n += 1
+      if self.n == crash_after:
+        raise _Preempted
+    def close(self):
+      pass
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(experiment, "tqdm", Bar)
+    with pytest.raises(_Preempted):
+      experiment.train_dpsgd_resnet(*args, progress=False, checkpoint_dir=str(tmp_path))
+  paid = json.loads((tmp_path / "ledger.json").read_text())["steps_paid"]
+  assert paid == crash_after
+  out, _, private = experiment.train_dpsgd_resnet(*args, progress=False,
+                                                  checkpoint_dir=str(tmp_path))
+  ledger = json.loads((tmp_path / "ledger.json").read_text())
+  assert ledger["steps_paid"] == steps and ledger["checkpointed_through"] == steps
+  for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(out)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_cifar_dpsgd_resumes_from_its_checkpoint(tmp_path, monkeypatch):
+  # Fig. 7 test's plan (32 examples, q = 4/32, 2 steps: one compiled step for both tests);
+  # the crash comes after the checkpoint of step 1.
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  _tiny_resnet(experiment, monkeypatch)
+  _check_cifar_resume(tmp_path, experiment, epochs=0.25, batch=4, every=1, crash_after=1)
+
+
+@pytest.mark.slow
+def test_cifar_dpsgd_resumes_from_its_checkpoint_slow(tmp_path, monkeypatch):
+  # 8 steps, checkpoints every 2: the crash after step 5 loses a paid step, which is replayed.
+  experiment = _load("experiments/cifar_tradeoffs.py")
+  _tiny_resnet(experiment, monkeypatch)
+  _check_cifar_resume(tmp_path, experiment, epochs=2.0, batch=8, every=2, crash_after=5)
+
+
 @pytest.mark.slow
 def test_cifar_fig7_runs_on_random_cifar_shaped_data_slow(tmp_path):
   """The same run with the experiment's real ResNet-20 (paper 000 Fig. 7's model)."""
