@@ -20,6 +20,13 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
    ``--opacus-resnet`` or on CUDA).
 4. Peak temporary memory of the compiled private step, vmap vs ghost, at batch
    256 and 1024 (``jax.jit(...).lower(...).compile().memory_analysis()``).
+5. The training loop against its bare step (``loop_steps``): one full
+   ``make_private`` step with device-resident data (Poisson sampling, gather,
+   clipped gradient, noise, update in one jitted call) over the bare jitted
+   private step at the same static batch size P, as ``loop_over_bare`` per
+   model (MLP, CNN; ResNet-20 at batch 600 on a GPU); the host-sampled loop
+   (``host_loop_over_bare``) and the cost of padding to P instead of the
+   expected batch (``padding_cost``) beside it.
 
 Timing: minimum over interleaved rounds (each round times every step once).
 Inputs are random tensors of the datasets' shapes (step time does not depend on
@@ -96,6 +103,68 @@ def jax_steps(name: str, batch: int, methods=METHODS) -> dict:
 
     steps[method] = (private_step, (params, dp.init(params), x, y))
   return steps
+
+
+def loop_steps(name: str, batch: int, num_examples: int, total_steps: int,
+               method: str = "ghost") -> tuple[dict, dict]:
+  """One full ``make_private`` step (device and host paths) and the bare jitted step it wraps.
+
+  Returns ``({mode: (fn, args)}, info)`` with modes
+
+  * ``loop_device``: ``private.step(params, state, sampler.sample())`` with
+    ``sampler(data=(x, y))``: Poisson sampling, gather, clipped gradient,
+    noise and update in one jitted call (``jaxdp.training.dpsgd.device_sampling``);
+  * ``loop_host``: the host path, ``sampler.sample().gather(x, y)`` then ``step``;
+  * ``bare_padded``: the same jitted clipped-gradient + noise + update on a batch
+    already on the device, of the plan's static size P (the binomial bound);
+  * ``bare_expected``: the same at exactly ``batch`` rows (the expected size);
+    ``bare_padded / bare_expected`` is the cost of the overflow padding.
+  """
+  from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
+  from jaxdp.training.dpsgd import make_per_example_loss, make_private  # pylint: disable=import-outside-toplevel
+  model, x_shape = _model(name)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(num_examples,) + x_shape).astype(np.float32)
+  y = rng.integers(0, 10, num_examples).astype(np.int32)
+  params = jax.jit(model.init)(jax.random.key(2), x[:1])["params"]
+  loss = make_per_example_loss(lambda p, xb: model.apply({"params": p}, xb))
+  plans = {}
+  for mode in ("loop_device", "loop_host"):
+    plans[mode] = make_private(loss, l2_clip_norm=CLIP, num_examples=num_examples,
+                               expected_batch_size=batch, noise_multiplier=SIGMA, delta=1e-5,
+                               steps=total_steps, key=jax.random.key(3), learning_rate=LR,
+                               clipping_method=method)
+  private = plans["loop_device"]
+  grad_fn, tx = private.clipped_grad_fn, private.optimizer
+
+  @jax.jit
+  def bare(p, s, xb, yb, mask):
+    g, _ = grad_fn(p, xb, yb, mask=mask)
+    u, s = tx.update(g, s, p)
+    return optax.apply_updates(p, u), s
+
+  steps: dict = {}
+  for mode, rows in (("bare_padded", private.padded_size), ("bare_expected", batch)):
+    xb, yb = jnp.asarray(x[:rows]), jnp.asarray(y[:rows])
+    steps[mode] = (bare, (params, tx.init(params), xb, yb, jnp.ones((rows,), bool)))
+
+  def looped(mode):
+    plan = plans[mode]
+    sampler = plan.sampler(PrivacyAccountant(), data=(x, y) if mode == "loop_device" else None)
+    holder = {"params": params, "state": plan.init(params)}
+
+    def one_step():
+      batch_ = sampler.sample()
+      if mode == "loop_host":
+        batch_ = batch_.gather(x, y)
+      holder["params"], holder["state"], _ = plan.step(holder["params"], holder["state"], batch_)
+      return holder["params"]
+    return one_step
+
+  for mode in ("loop_device", "loop_host"):
+    steps[mode] = (looped(mode), ())
+  return steps, {"padded_size": private.padded_size, "num_examples": num_examples,
+                 "expected_batch_size": batch, "clipping_method": method}
 
 
 def step_memory_mb(name: str, batch: int, methods=("vmap", "ghost")) -> dict:
@@ -317,6 +386,39 @@ def main(argv: list[str] | None = None) -> dict:
     results[name] = r
   if not op_times:
     print(note)
+
+  # The training loop against its bare step (sampling, gather and padding included).
+  gpu = jax.default_backend() == "gpu"
+  loop_models = [("mlp", args.batch, 60_000), ("cnn", args.batch, 60_000)]
+  if gpu:
+    loop_models.append(("resnet20", 600, 50_000))  # paper 000 Fig. 7's batch
+  reps = 3 if args.quick else 10
+  loop = {}
+  for name, b, n in loop_models:
+    lsteps, info = loop_steps(name, b, n, total_steps=2 * (rounds + 2) * reps + 10)
+    for fn, a in lsteps.values():  # compile + warm up
+      jax.block_until_ready(fn(*a))
+      jax.block_until_ready(fn(*a))
+    times = {k: [] for k in lsteps}
+    for _ in range(rounds):
+      for k, (fn, a) in lsteps.items():
+        t0 = time.perf_counter()
+        for _ in range(reps):
+          out = fn(*a)
+        jax.block_until_ready(out)
+        times[k].append((time.perf_counter() - t0) / reps)
+    best = {k: float(np.min(v)) for k, v in times.items()}
+    r = dict(info, **{f"{k}_ms": 1e3 * t for k, t in best.items()})
+    r["loop_over_bare"] = best["loop_device"] / best["bare_padded"]
+    r["host_loop_over_bare"] = best["loop_host"] / best["bare_padded"]
+    r["padding_cost"] = best["bare_padded"] / best["bare_expected"]
+    loop[name] = r
+    print(f"[loop {name} batch {b} P={info['padded_size']}] make_private step (device data) "
+          f"{r['loop_device_ms']:.2f} ms, bare step at P {r['bare_padded_ms']:.2f} ms: "
+          f"loop_over_bare x{r['loop_over_bare']:.3f}; host-sampled loop x"
+          f"{r['host_loop_over_bare']:.3f}; padding P vs {b}: x{r['padding_cost']:.3f}")
+  results["loop"] = loop
+  results["loop_over_bare"] = {k: v["loop_over_bare"] for k, v in loop.items()}
 
   memory = {}
   mem_models = ("mlp", "cnn") if args.quick else ("mlp", "cnn", "resnet20")

@@ -146,9 +146,12 @@ def local_clipped_sum(grad_fn: Callable[..., Any], params: PyTree, keep: jax.Arr
     return (k + 1, jax.tree.map(jnp.add, acc, g), loss + info.loss_sum,
             num + info.num_examples, clipped + info.num_clipped)
 
+  # Chunk 0 as straight-line code (the usual batch is one chunk; XLA optimises a loop body
+  # less well), the overflow chunks 1 .. ceil(count / P) - 1 in the while loop. An empty
+  # sample gives chunk 0 with every slot masked: a zero sum.
   init = (jnp.zeros((), jnp.int32), zeros, jnp.zeros((), jnp.float32),
           jnp.zeros((), jnp.float32), jnp.zeros((), jnp.int32))
-  _, gsum, loss, num, clipped = jax.lax.while_loop(cond, body, init)
+  _, gsum, loss, num, clipped = jax.lax.while_loop(cond, body, body(init))
   return gsum, (loss, num, clipped)
 
 

@@ -1045,7 +1045,11 @@ def make_private(
 
     init = (zeros, jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
             jnp.zeros((), jnp.int32))
-    (gsum, loss, count, clipped), _ = jax.lax.scan(body, init, (arrays, mask))
+    first = jax.tree.map(lambda a: a[0], (arrays, mask))
+    carry, _ = body(init, first)  # chunk 0 as straight-line code (XLA optimises it better)
+    if mask.shape[0] > 1:
+      carry, _ = jax.lax.scan(body, carry, jax.tree.map(lambda a: a[1:], (arrays, mask)))
+    gsum, loss, count, clipped = carry
     # Noise on the SUM, then / (q N): transforms.noisy_aggregate (paper 000 Eq. 4).
     updates, opt_state = tx.update(gsum, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state,
