@@ -230,6 +230,12 @@ def standard_laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.
 @functools.partial(jax.jit, static_argnames=("shape", "dtype"))
 def _standard_laplace(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   cdt = _compute_dtype(dtype)
+  size = int(np.prod(shape, dtype=np.int64))
+  if size % 2 and _padded_layout_applies(key, size):
+    # the words of _four_words(key, shape), flat: entry i from blocks i and size + i
+    padded = _round_up(size, _PAD)
+    lap = laplace_from_words(_padded_word_quads(key, size, padded), cdt).astype(dtype)
+    return _scatter_flat(lap, jax.lax.iota(jnp.int32, padded), size).reshape(shape)
   return laplace_from_words(_four_words(key, shape), cdt).astype(dtype)
 
 
@@ -354,6 +360,79 @@ def _join_halves(z_cos: jax.Array, z_sin: jax.Array, axis: int) -> jax.Array:
   return joined.reshape(shape[:axis] + (2 * shape[axis + 1],) + shape[axis + 2:])
 
 
+# XLA:CPU (measured) vectorises an elementwise loop only when its number of elements is even
+# (a loop of 670,001 Threefry words takes ~10x the time of one of 670,000), and it
+# fuses the producer of a slice or concatenation into that consumer's loop. For an
+# odd number of outputs (and Box-Muller with an odd number of pairs) the words and
+# the transform are therefore computed on a length padded to a multiple of _PAD,
+# and the outputs are placed by a scatter, whose operands XLA does not fuse into it.
+# Threefry block i depends only on its counter i, so the padding changes no word.
+_PAD = 8
+
+
+def _round_up(n: int, m: int) -> int:
+  return -(-n // m) * m
+
+
+def _padded_layout_applies(key: jax.Array, size: int) -> bool:
+  """Whether a draw of ``size`` outputs takes the padded layout.
+
+  Threefry keys and int32 indices only; and ``size >= 3``: the unpadded layout
+  of one or two outputs computes arrays of one element, which XLA evaluates as
+  scalars, rounding the transform's last bit differently from its loops.
+  """
+  return _is_threefry_key(key) and 3 <= size and 2 * _round_up(size, _PAD) + 2 * _PAD < 2**31
+
+
+def _padded_word_quads(key: jax.Array, pairs: int, padded: int) -> list[jax.Array]:
+  """Four uint32 arrays of length ``padded >= pairs``, the first ``pairs`` as ``_four_words``.
+
+  Entry ``j < pairs`` equals entry ``j`` of ``_four_words(key, (pairs,))``:
+  blocks ``j`` (words 0, 1) and ``pairs + j`` (words 2, 3) under ``key``, as
+  in :func:`threefry_word_pairs` for the shape ``(2, pairs)``. The entries
+  from ``pairs`` on are further blocks, for the caller to discard.
+  """
+  data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+  data = data.astype(jnp.uint32)
+  lo = jax.lax.iota(jnp.uint32, padded)
+  zero = jnp.zeros_like(lo)
+  a, b = threefry2x32(data[0], data[1], zero, lo)
+  c, d = threefry2x32(data[0], data[1], zero, lo + np.uint32(pairs))
+  return [a, b, c, d]
+
+
+def _scatter_flat(values: jax.Array, dst: jax.Array, size: int) -> jax.Array:
+  """``out[dst[t]] = values[t]`` where ``dst[t] < size`` (others dropped), length ``size``."""
+  out = jnp.zeros((size,), values.dtype)
+  return out.at[dst].set(values, mode="drop")
+
+
+def _standard_normal_padded(key: jax.Array, shape: tuple[int, ...], half: tuple[int, ...],
+                            axis: int, cdt: Any, dtype: Any) -> jax.Array:
+  """:func:`standard_normal`'s layout, computed on a padded number of pairs and scattered.
+
+  Pair ``p`` (row-major index in ``half``, words from :func:`_padded_word_quads`)
+  gives the cosine at its position in ``shape`` and the sine ``half[axis]``
+  further along ``axis``; for an odd size ``half = (pairs,)`` and the last sine
+  falls at ``size`` and is dropped.
+  """
+  size = int(np.prod(shape, dtype=np.int64))
+  hsize = int(np.prod(half, dtype=np.int64))
+  padded = _round_up(hsize, _PAD)
+  z_cos, z_sin = normal_pairs_from_words(_padded_word_quads(key, hsize, padded), cdt)
+  values = _join_halves(z_cos, z_sin, 0).astype(dtype)  # cosines of pairs 0.., then sines
+  t = jax.lax.iota(jnp.int32, 2 * padded)
+  is_sin = t >= padded
+  p = jnp.where(is_sin, t - padded, t)
+  inner = int(np.prod(half[axis + 1:], dtype=np.int64))
+  along = half[axis]
+  outer, rest = p // (along * inner), p % (along * inner)
+  index, rest = rest // inner, rest % inner
+  dst = outer * (2 * along * inner) + (index + jnp.where(is_sin, along, 0)) * inner + rest
+  dst = jnp.where(p < hsize, dst, size)
+  return _scatter_flat(values, dst, size).reshape(shape)
+
+
 def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   """``N(0, 1)`` by Box-Muller with a 105-bit radius uniform, ``|x| <= 12.06``.
 
@@ -376,15 +455,17 @@ def standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.A
 def _standard_normal(key: jax.Array, shape: tuple[int, ...], dtype: Any) -> jax.Array:
   cdt = _compute_dtype(dtype)
   shape = tuple(int(d) for d in shape)
-  even = ([i for i, d in enumerate(shape) if d % 4 == 0]
-          + [i for i, d in enumerate(shape) if d % 4 == 2])
-  if even:
-    axis = even[0]
-    half = shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:]
-    z_cos, z_sin = normal_pairs_from_words(_four_words(key, half), cdt)
-    return _join_halves(z_cos, z_sin, axis).astype(dtype)
   size = int(np.prod(shape, dtype=np.int64))
   pairs = (size + 1) // 2
+  even = ([i for i, d in enumerate(shape) if d % 4 == 0]
+          + [i for i, d in enumerate(shape) if d % 4 == 2])
+  axis = even[0] if even else 0
+  half = shape[:axis] + (shape[axis] // 2,) + shape[axis + 1:] if even else (pairs,)
+  if (size % 2 or int(np.prod(half, dtype=np.int64)) % 2) and _padded_layout_applies(key, size):
+    return _standard_normal_padded(key, shape, half, axis, cdt, dtype)
+  if even:
+    z_cos, z_sin = normal_pairs_from_words(_four_words(key, half), cdt)
+    return _join_halves(z_cos, z_sin, axis).astype(dtype)
   z_cos, z_sin = normal_pairs_from_words(_four_words(key, (pairs,)), cdt)
   z = _join_halves(z_cos, z_sin, 0)[:size]
   return z.reshape(shape).astype(dtype)

@@ -527,6 +527,23 @@ def test_standard_normal_layout_is_the_concatenation_of_the_pair_halves(shape):
                                 np.asarray(_sampling.standard_normal(keys[1], shape, jnp.float32)))
 
 
+def test_odd_sizes_padded_layout_is_bit_identical():
+  """Odd sizes, and Box-Muller with an odd number of pairs, are computed on a length padded to a
+  multiple of 8 and scattered into place: bit for bit the unpadded words and outputs (normal and
+  Laplace)."""
+  from jaxdp.mechanisms import _sampling
+  key, f32 = jax.random.key(46), jnp.float32
+  pairs = jax.jit(lambda k, s: _sampling.normal_pairs_from_words(_sampling._four_words(k, s), f32),
+                  static_argnums=1)
+  zc, zs = pairs(key, (501,))  # (1001,): 501 pairs (odd), the last sine dropped
+  want = np.concatenate([np.asarray(zc), np.asarray(zs)])[:1001]
+  np.testing.assert_array_equal(np.asarray(_sampling.standard_normal(key, (1001,), f32)), want)
+  # (jit + vmap, and even sizes with an odd number of pairs, e.g. (6, 3): the layout test above)
+  lap = jax.jit(lambda k: _sampling.laplace_from_words(_sampling._four_words(k, (7, 9)), f32))
+  np.testing.assert_array_equal(np.asarray(_sampling.standard_laplace(key, (7, 9), f32)),
+                                np.asarray(lap(key)))
+
+
 @pytest.mark.parametrize("n", [200_000, pytest.param(1_000_000, marks=pytest.mark.slow)])
 def test_standard_normal_law_pairs_and_related_keys(n):
   """N(0, 1) moments and KS; the two halves of each pair and draws under fold_in-related keys

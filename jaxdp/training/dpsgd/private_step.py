@@ -845,7 +845,10 @@ class PrivateSGD:
           _inputs.check_labels(dev.host_labels, f"data[{label}] (labels)", classes, kept)
           sampler._device = dev._replace(host_labels=None)  # pylint: disable=protected-access
         opt_state = state.opt_state
-        if dev.replicated is not None:
+        if dev.replicated is not None and jax.process_count() > 1:
+          from jaxdp.training.dpsgd import multihost  # pylint: disable=g-import-not-at-top
+          params, opt_state = multihost.replicate((params, opt_state), dev.replicated.mesh)
+        elif dev.replicated is not None:
           params, opt_state = jax.device_put((params, opt_state), dev.replicated)
         params, opt_state, info = dev.update(params, opt_state, batch._step_key_data, dev.data)  # pylint: disable=protected-access
       else:
