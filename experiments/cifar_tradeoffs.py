@@ -190,16 +190,18 @@ def train_dpsgd_resnet(key, x, y, eps, clip, config, progress=True, checkpoint_d
   sampler = private.sampler(accountant)
   t = sampler.steps_sampled
   bar = tqdm(total=total, initial=t, desc=f"DP-SGD ε={eps:g} ν={clip:g}", disable=not progress)
-  while t < total:
-    epoch = t // per_epoch
-    x_epoch = augment(jax.random.fold_in(k_aug, epoch), x) if config.dpsgd.augment else x
-    for _ in range(min(per_epoch - t % per_epoch, total - t)):
-      batch = sampler.sample().gather(x_epoch, y)
-      params, state, _ = private.step(params, state, batch)
-      t += 1
-      bar.update()
-  bar.close()
-  private.close()
+  try:
+    while t < total:
+      epoch = t // per_epoch
+      x_epoch = augment(jax.random.fold_in(k_aug, epoch), x) if config.dpsgd.augment else x
+      for _ in range(min(per_epoch - t % per_epoch, total - t)):
+        batch = sampler.sample().gather(x_epoch, y)
+        params, state, _ = private.step(params, state, batch)
+        t += 1
+        bar.update()
+  finally:
+    bar.close()
+    private.close()  # wait for a pending checkpoint save (also when the loop raised)
   assert private.steps == total and sampler.epsilon() <= eps * (1 + 1e-9)
   return params, model, private
 

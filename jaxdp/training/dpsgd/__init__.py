@@ -22,6 +22,7 @@ from jaxdp.training.dpsgd.sampling import (BatchOverflowError, MaskedBatch, Padd
                                            PoissonSampler, abort_delta, effective_sample_rate,
                                            overflow_probability, pad_and_split, padded_batch_size,
                                            poisson_sample_indices)
+from jaxdp.training.dpsgd import device_sampling, multihost
 from jaxdp.training.dpsgd.checkpointing import RunCheckpointer
 from jaxdp.training.dpsgd.private_step import (DeviceBatch, PaidSampler, PrivateBatch, PrivateSGD, PrivateState,
                                                make_private)

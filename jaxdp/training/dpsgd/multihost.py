@@ -54,7 +54,6 @@ key would add other noise than the one its peers and the accountant assume.
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Any, Sequence
 
@@ -65,6 +64,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxdp import _validation
 from jaxdp.errors import ArgumentTypeError
+from jaxdp.training.dpsgd import device_sampling
 
 PyTree = Any
 
@@ -93,12 +93,14 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     **kwargs: passed to ``jax.distributed.initialize`` (``initialization_timeout``...).
 
   Raises:
-    ValueError: an argument out of range (named), before anything starts.
+    ValueError: an argument out of range or malformed (named), before anything starts.
+    TypeError: ``process_id`` not an integer.
   """
   if coordinator_address is not None and (
       not isinstance(coordinator_address, str) or coordinator_address.rpartition(":")[0] == ""
       or not coordinator_address.rpartition(":")[2].isdigit()):
-    raise ValueError(f"coordinator_address must be a 'host:port' string, got {coordinator_address!r}.")
+    raise ValueError(f"coordinator_address must be a 'host:port' string, got "
+                     f"{coordinator_address!r}.")
   if num_processes is not None:
     num_processes = _validation.check_positive_int(num_processes, "num_processes")
   if process_id is not None:
@@ -106,7 +108,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
       raise ArgumentTypeError(f"process_id must be an integer, got {process_id!r}.")
     process_id = int(process_id)
     if process_id < 0 or (num_processes is not None and process_id >= num_processes):
-      raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got {process_id}.")
+      raise ValueError(f"process_id must be in [0, num_processes={num_processes}), got "
+                       f"{process_id}.")
   if cpu_collectives is not None:
     jax.config.update("jax_cpu_collectives_implementation", cpu_collectives)
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
@@ -135,10 +138,13 @@ def _check_mesh(mesh: Any, axis_name: str | None) -> Mesh:
 
 
 def padded_num_examples(num_examples: int, mesh: Mesh, axis_name: str = "data") -> int:
-  """``N_pad = D * ceil(N / D)``: rows of the global dataset, D devices on ``axis_name``."""
-  n = _validation.check_positive_int(num_examples, "num_examples")
-  d = _check_mesh(mesh, axis_name).shape[axis_name]
-  return d * math.ceil(n / d)
+  """``N_pad = D * ceil(N / D)``: rows of the global dataset, D devices on ``axis_name``.
+
+  The rule the device-resident step samples by (:func:`.device_sampling.padded_num_rows`).
+  """
+  _validation.check_positive_int(num_examples, "num_examples")
+  shards = _check_mesh(mesh, axis_name).shape[axis_name]
+  return device_sampling.padded_num_rows(num_examples, shards)
 
 
 def _process_block(num_examples: int, mesh: Mesh, axis_name: str) -> tuple[int, int, int]:
@@ -234,6 +240,7 @@ def global_dataset(arrays: PyTree, num_examples: int, mesh: Mesh | None = None,
       axis, ``arrays`` with the wrong number of local rows (arrays of different
       lengths), or arrays whose structure, dtypes or trailing shapes differ
       between processes.
+    TypeError: ``mesh`` not a ``Mesh``, or an array that is not numeric data.
   """
   error, local = None, None
   try:

@@ -697,6 +697,8 @@ class PrivateSGD:
       raise ValueError("this plan already opened its sampler: one plan is one training run "
                        "(a second sampler would reuse its sampling and noise keys). Call "
                        "make_private again with a fresh key for another run.")
+    if jax.process_count() > 1:
+      self._check_same_plan_on_every_process()
     if data is not None:
       sampler._device = self._device_path(data, mesh)  # pylint: disable=protected-access
     if ckpt is not None and steps_paid and getattr(accountant, "path", None) is None:
@@ -706,6 +708,23 @@ class PrivateSGD:
       _spend_once(accountant, self.step_event(), steps_paid)
     self._opened.append(True)
     return sampler
+
+  def _check_same_plan_on_every_process(self) -> None:
+    """Every process must run the same plan: same keys, sigma, q, S, T, N, P (one all-gather)."""
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    digest = hashlib.sha256()
+    for part in (jax.random.key_data(self._sample_key), jax.random.key_data(self._noise_key)):
+      digest.update(np.asarray(part).tobytes())
+    digest.update(repr((self.noise_multiplier, self.sample_rate, self.sensitivity, self.steps,
+                        self.num_examples, self.padded_size, self.unit,
+                        self.neighbouring)).encode())
+    words = np.frombuffer(digest.digest(), np.int32)  # exact in any dtype setting
+    every = np.asarray(multihost_utils.process_allgather(words))
+    if not (every == every[0]).all():
+      raise ValueError(
+          "the processes of this job made different plans (key, noise multiplier, sample rate, "
+          "clip norm, steps or N differ): every process must call make_private with the same "
+          "arguments and key, or it would add noise its peers and the accountant do not assume.")
 
   def _device_path(self, data: Any, mesh: Any) -> tuple:
     """Checks and places ``data``; builds the jitted sample-and-update (:mod:`.device_sampling`)."""

@@ -465,29 +465,33 @@ def train_dpsgd(
       return math.inf
     return dpsgd_accounting.dpsgd_epsilon(sigma, q, t, delta, accountant_method, relation)
 
-  for t in iterator:
-    chunks = sampler.sample(step_keys[t])
-    acc = zeros
-    loss_sum = jnp.zeros(())
-    for c in chunks[:-1]:
-      idx, mask = c.slots_and_mask()
-      acc, ls = accumulate(params, acc, x, y, jnp.asarray(idx), jnp.asarray(mask))
-      loss_sum = loss_sum + ls
-    idx, mask = chunks[-1].slots_and_mask()
-    params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(idx),
-                                  jnp.asarray(mask))
-    steps_run = t + 1
-    if ckpt is not None and (steps_run % every == 0 or steps_run == steps):
-      ckpt.save(steps_run, {"params": params, "opt_state": opt_state}, wait=steps_run == steps)
-    loss_acc += float(loss_sum + ls)
-    count_acc += sum(c.num_examples for c in chunks)
-    if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
-      rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
-             "accountant_method": accountant_method,
-             "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
-      rec.update(eval_fn(params))
-      history.append(rec)
-      loss_acc, count_acc = 0.0, 0
+  try:
+    for t in iterator:
+      chunks = sampler.sample(step_keys[t])
+      acc = zeros
+      loss_sum = jnp.zeros(())
+      for c in chunks[:-1]:
+        idx, mask = c.slots_and_mask()
+        acc, ls = accumulate(params, acc, x, y, jnp.asarray(idx), jnp.asarray(mask))
+        loss_sum = loss_sum + ls
+      idx, mask = chunks[-1].slots_and_mask()
+      params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(idx),
+                                    jnp.asarray(mask))
+      steps_run = t + 1
+      if ckpt is not None and (steps_run % every == 0 or steps_run == steps):
+        ckpt.save(steps_run, {"params": params, "opt_state": opt_state}, wait=steps_run == steps)
+      loss_acc += float(loss_sum + ls)
+      count_acc += sum(c.num_examples for c in chunks)
+      if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
+        rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
+               "accountant_method": accountant_method,
+               "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
+        rec.update(eval_fn(params))
+        history.append(rec)
+        loss_acc, count_acc = 0.0, 0
+  finally:
+    if ckpt is not None:
+      ckpt.close()  # wait for a pending save (also when the loop raised)
   seconds = time.perf_counter() - t0
   eps = epsilon_after(steps_run)
   rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": eps,

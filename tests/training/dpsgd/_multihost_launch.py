@@ -1,4 +1,6 @@
-"""Starts k copies of a worker script as one ``jax.distributed`` job on 127.0.0.1 (tests, benchmarks).
+"""Starts k copies of a worker script as one ``jax.distributed`` job on 127.0.0.1.
+
+For the multi-host tests and ``benchmarks/dpsgd_multihost.py``.
 
 Each worker runs ``python SCRIPT --coordinator 127.0.0.1:PORT --num-processes k
 --process-id i --out DIR/out_i.npz [args...]`` with ``JAX_PLATFORMS=cpu`` and
@@ -83,7 +85,8 @@ def launch(script: str | os.PathLike, num_processes: int, devices_per_process: i
       f for f in os.environ.get("XLA_FLAGS", "").split()
       if not f.startswith("--xla_force_host_platform_device_count"))
   base_env = dict(os.environ, JAX_PLATFORMS="cpu", **(env or {}))
-  base_env["XLA_FLAGS"] = (flags + f" --xla_force_host_platform_device_count={devices_per_process}").strip()
+  count = f"--xla_force_host_platform_device_count={devices_per_process}"
+  base_env["XLA_FLAGS"] = (flags + " " + count).strip()
   with tempfile.TemporaryDirectory(prefix="jaxdp_multihost_") as tmp:
     tmp = pathlib.Path(tmp)
     address = f"127.0.0.1:{free_port()}"

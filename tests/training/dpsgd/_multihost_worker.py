@@ -1,4 +1,4 @@
-"""One process of the multi-host test job (started by ``_multihost_launch.launch``; see test_multihost.py).
+"""One process of the multi-host test job (``_multihost_launch.launch``; see test_multihost.py).
 
 Checks the :mod:`jaxdp.training.dpsgd.multihost` pieces on a job of k
 processes and, with ``--e2e``, trains with ``make_private`` on the global
@@ -127,6 +127,15 @@ def end_to_end(n: int, budget_path: str) -> dict:
   stored = PrivacyBudget.load(budget_path).accountant.ledger
   out["budget_file_entries"] = len(stored)
   out["budget_file_count"] = sum(c for _, c in stored)
+  # A process with another key would add noise its peers do not assume: refused on all.
+  other = make_private(linear_loss, num_examples=n,
+                       key=jax.random.key(E2E_KEY + jax.process_index()), **E2E)
+  refused_acc = PrivacyAccountant()
+  try:
+    other.sampler(refused_acc, data=data, mesh=mesh)
+    out["other_key_refused"] = False
+  except ValueError as err:
+    out["other_key_refused"] = "different plans" in str(err) and refused_acc.ledger == ()
   return out
 
 
@@ -144,7 +153,8 @@ def main() -> None:
                        process_id=args.process_id)
   out = infrastructure(args.num_examples)
   if args.e2e:
-    out.update(end_to_end(args.num_examples, os.path.join(os.path.dirname(args.out), "budget.json")))
+    budget_path = os.path.join(os.path.dirname(args.out), "budget.json")
+    out.update(end_to_end(args.num_examples, budget_path))
   np.savez(args.out, **out)
 
 

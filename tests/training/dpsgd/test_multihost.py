@@ -31,7 +31,7 @@ N = 203  # not a multiple of the 8 devices: 5 padding rows
 def job():
   return _multihost_launch.launch(pathlib.Path(worker.__file__), num_processes=2,
                                   devices_per_process=4, args=["--num-examples", str(N), "--e2e"],
-                                  timeout=240)
+                                  timeout=180)
 
 
 @pytest.mark.multidevice
@@ -94,6 +94,7 @@ def test_two_processes_train_like_one_process(job):
       np.testing.assert_allclose(out[f"{run}_b"], params["b"], rtol=1e-5, atol=1e-6)
     # The durable budget file was written by process 0 alone: T steps, not 2 T.
     assert int(out["budget_file_entries"]) == 1 and int(out["budget_file_count"]) == steps
+    assert bool(out["other_key_refused"])  # plans with different keys refused on every process
   p0, p1 = (w.out for w in job)
   # Process 0 paid exactly T steps on its ledger and on its budget; process 1 mirrors
   # the steps on its in-memory ledger, never on a budget.
@@ -127,7 +128,8 @@ def test_refusals_name_the_argument():
   x, y = worker.dataset(N)
   with pytest.raises(ValueError, match="arrays have 202 rows.*rows \\[0, 203\\)"):
     multihost.global_dataset((x[:-1], y[:-1]), num_examples=N, mesh=mesh)
-  with pytest.raises(ValueError, match="different numbers of rows: arrays\\[0\\]: 203, arrays\\[1\\]: 202"):
+  with pytest.raises(ValueError,
+                     match="different numbers of rows: arrays\\[0\\]: 203, arrays\\[1\\]: 202"):
     multihost.global_dataset((x, y[:-1]), num_examples=N, mesh=mesh)
   with pytest.raises(ValueError, match="arrays\\[1\\] must have the examples on its first axis"):
     multihost.global_dataset((x, np.float32(1.0)), num_examples=N, mesh=mesh)
