@@ -16,7 +16,7 @@ import numpy as np
 from jaxdp.accounting import PrivacyBudget
 from jaxdp.training.dpsgd import make_private
 
-N, D, K, T = 301, 6, 3, 12
+N, D, K, T = 301, 6, 3, 8
 
 
 def data():

@@ -57,7 +57,7 @@ def test_sigkill_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
   reference = np.asarray(params)
 
   ckpt, budget, out = tmp_path / "ckpt", tmp_path / "budget.json", tmp_path / "out.npz"
-  proc = subprocess.Popen([sys.executable, str(WORKER), ckpt, budget, out, "0.3"],
+  proc = subprocess.Popen([sys.executable, str(WORKER), ckpt, budget, out, "0.2"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
   killed_after = None
   deadline = time.monotonic() + TIMEOUT_S
