@@ -54,7 +54,10 @@ def _check(tmp_path, processes, devices):
   assert sum(c for _, c in budget.accountant.ledger) == first["steps"]  # paid once, by one process
 
 
+@pytest.mark.slow
 def test_single_process_run_and_rerun(tmp_path):
+  # Always on: the same make_private path on 2 x 4 devices (test_multihost.py) and its resume
+  # (test_private_step_checkpoints.py, test_resume_after_sigkill.py).
   # In this process (the script's main, without the launch flags): the same checks, cheaper.
   import _repo_modules  # pylint: disable=import-outside-toplevel
   script = _repo_modules.load("experiments/dpsgd_multihost.py")

@@ -205,6 +205,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # always on: the end-to-end SIGKILL test (test_resume_after_sigkill.py)
 def test_sigkill_mid_save_leaves_previous_checkpoint_restorable(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   child = subprocess.run([sys.executable, "-c", _CHILD, str(tmp_path), checkpointing.__file__],
