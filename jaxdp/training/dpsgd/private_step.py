@@ -520,6 +520,8 @@ class PrivateSGD:
     A directory written by another plan (another N, q, sigma, S, T, P, key,
     relation or unit) is refused before anything is read. A checkpoint holds
     the noise key: keep it as private as the data (publish only parameters).
+    With several hosts, ``checkpoint_dir`` must be on a filesystem every host
+    sees (the ledger is written by process 0 under a POSIX file lock).
     """
     ckpt = self._require_checkpointer("restore")
     if self._opened:
@@ -701,11 +703,17 @@ class PrivateSGD:
       self._check_same_plan_on_every_process()
     if data is not None:
       sampler._device = self._device_path(data, mesh)  # pylint: disable=protected-access
-    if ckpt is not None and steps_paid and getattr(accountant, "path", None) is None:
+    if ckpt is not None and steps_paid:
       # The durable ledger holds steps paid by an earlier process of this run; an
       # in-memory accountant starts empty, so they are charged to it again here (a
-      # durable PrivacyBudget already holds them).
-      _spend_once(accountant, self.step_event(), steps_paid)
+      # durable PrivacyBudget already holds them). Process 0's accountant decides, on
+      # every process (the charge is collective).
+      durable = getattr(accountant, "path", None) is not None
+      if jax.process_count() > 1:
+        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+        durable = bool(multihost_utils.broadcast_one_to_all(np.int32(durable)))
+      if not durable:
+        _spend_once(accountant, self.step_event(), steps_paid)
     self._opened.append(True)
     return sampler
 
