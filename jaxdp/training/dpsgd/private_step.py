@@ -50,6 +50,16 @@ can only be used together:
   ``accountant.get_epsilon(delta, accountant_method)`` gives the same number
   (its default ``"auto"`` is the smallest of all sound bounds, possibly smaller).
 
+Device-resident data: ``sampler(accountant, data=(x, y), mesh=None)`` places the
+dataset on the device(s) once; ``sample()`` then pays and hands out a
+:class:`DeviceBatch` (the step's key only) and ``step`` samples, gathers,
+clips, noises and updates in ONE jit-compiled call, with the same batches as
+the host path (:mod:`.device_sampling`); with a mesh spanning several
+processes this is multi-host DP-SGD (:mod:`.multihost`), paid once per step by
+process 0. Checkpoints: ``make_private(..., checkpoint_dir=)`` with
+:meth:`PrivateSGD.restore` resumes a killed run bit-identically, each step paid
+once (:mod:`.checkpointing`).
+
 Inputs: ``gather`` and ``step`` check the data and the model before any
 gradient (the checks :func:`.train.train_dpsgd` runs, shared in ``_inputs``);
 a refused call consumes nothing, and the next ``sampler.sample()`` hands out
