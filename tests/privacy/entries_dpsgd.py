@@ -314,7 +314,9 @@ def _per_example_loss(w, x, y):
   return optax.softmax_cross_entropy_with_integer_labels(x @ w, y)
 
 
-def _make_private_step(key, data, accountant):
+def _make_private_step(key, data, accountant, device=False):
+  """One step of a make_private plan; ``device=True``: the device-resident path (Poisson
+  sampling, gather and update in one jitted call) instead of host sampling + gather."""
   from jaxdp.training import dpsgd
   n = len(data["y"])
   private = dpsgd.make_private(
@@ -322,51 +324,29 @@ def _make_private_step(key, data, accountant):
       noise_multiplier=SIGMA, delta=DELTA, steps=1, optimizer=optax.sgd(float(n)),
       clipping_method="vmap")
   w0 = jnp.zeros((data["x"].shape[1], K), jnp.float32)
-  sampler = private.sampler(accountant)
-  return private.step(w0, private.init(w0), sampler.sample().gather(data["x"], data["y"]))
+  if device:
+    batch = private.sampler(accountant, data=(data["x"], data["y"])).sample()
+  else:
+    batch = private.sampler(accountant).sample().gather(data["x"], data["y"])
+  return private.step(w0, private.init(w0), batch)
 
 
-def _make_private_release(key, data):
+def _make_private_release(device, key, data):
   from jaxdp.accounting import PrivacyAccountant
-  return _make_private_step(key, data, PrivacyAccountant())
+  return _make_private_step(key, data, PrivacyAccountant(), device)
 
 
-reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.PrivateSGD.step",
-    release=_make_private_release,
-    vector=lambda out: -_flat(out[0]),
-    charged=lambda data, acc: (_make_private_step(jax.random.key(12), data, acc), 1),
-    fresh=None,
-    audit=None,
-    **_common(pairs=lambda: add_remove_pairs(D_WIDE)[:1], skip={"audit": _HOST_LOOP_AUDIT})))
-
-
-def _make_private_device_step(key, data, accountant):
-  """The device-resident path: Poisson sampling, gather and update in one jitted call."""
-  from jaxdp.training import dpsgd
-  n = len(data["y"])
-  private = dpsgd.make_private(
-      _per_example_loss, l2_clip_norm=CLIP, num_examples=n, key=key, sample_rate=1.0,
-      noise_multiplier=SIGMA, delta=DELTA, steps=1, optimizer=optax.sgd(float(n)),
-      clipping_method="vmap")
-  w0 = jnp.zeros((data["x"].shape[1], K), jnp.float32)
-  sampler = private.sampler(accountant, data=(data["x"], data["y"]))
-  return private.step(w0, private.init(w0), sampler.sample())
-
-
-def _make_private_device_release(key, data):
-  from jaxdp.accounting import PrivacyAccountant
-  return _make_private_device_step(key, data, PrivacyAccountant())
-
-
-reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.PrivateSGD.step[data=device]",
-    release=_make_private_device_release,
-    vector=lambda out: -_flat(out[0]),
-    charged=lambda data, acc: (_make_private_device_step(jax.random.key(12), data, acc), 1),
-    fresh=None,
-    audit=None,
-    **_common(pairs=lambda: add_remove_pairs(D_WIDE)[:1], skip={"audit": _HOST_LOOP_AUDIT})))
+for _suffix, _device in (("", False), ("[data=device]", True)):
+  reg.register(reg.ReleasePoint(
+      name="jaxdp.training.dpsgd.PrivateSGD.step" + _suffix,
+      release=functools.partial(_make_private_release, _device),
+      vector=lambda out: -_flat(out[0]),
+      charged=functools.partial(
+          lambda device, data, acc: (_make_private_step(jax.random.key(12), data, acc, device), 1),
+          _device),
+      fresh=None,
+      audit=None,
+      **_common(pairs=lambda: add_remove_pairs(D_WIDE)[:1], skip={"audit": _HOST_LOOP_AUDIT})))
 
 
 # -- optax transforms: noisy_aggregate, private_sgd, dp_optimizer -----------------

@@ -77,6 +77,7 @@ implementation's name, and restores a typed key of that implementation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from typing import Any
@@ -84,12 +85,33 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxdp import _durable
+from jaxdp import _durable, _validation
 
 PyTree = Any
 
 LEDGER_NAME = "ledger.json"
 ORBAX_DIR_NAME = "orbax"
+
+
+def check_arguments(checkpoint_dir: Any, checkpoint_every: Any) -> int | None:
+  """Validates ``checkpoint_dir`` / ``checkpoint_every`` of a training call; returns the interval.
+
+  Raised before any work: ``checkpoint_every`` must be a positive int and needs
+  ``checkpoint_dir``; ``checkpoint_dir`` must be a path.
+  """
+  every = None
+  if checkpoint_every is not None:
+    every = _validation.check_positive_int(checkpoint_every, "checkpoint_every")
+    if checkpoint_dir is None:
+      raise ValueError("checkpoint_every needs checkpoint_dir.")
+  if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
+    raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}.")
+  return every
+
+
+def key_digest(key: jax.Array) -> str:
+  """SHA-256 of a key's data: identifies the run's key in a plan fingerprint without storing it."""
+  return hashlib.sha256(np.asarray(jax.random.key_data(key)).tobytes()).hexdigest()
 
 
 def _ocp():

@@ -92,7 +92,8 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import _inputs, clipping, device_sampling, sampling, transforms
+from jaxdp.training.dpsgd import (_inputs, checkpointing, clipping, device_sampling, sampling,
+                                  transforms)
 
 PyTree = Any
 
@@ -629,6 +630,17 @@ class PrivateSGD:
       self._checked[sig] = classes
     return self._checked[sig]
 
+  def _data_names(self, arrays: tuple, what: str, name: str) -> tuple[tuple[str, ...], int | None]:
+    """One array per batch argument, integer labels where the loss needs them: (names, label)."""
+    if len(arrays) != len(self.batch_argnums):
+      raise ValueError(f"{what} {len(self.batch_argnums)} arrays (one per batch argument of the "
+                       f"loss, batch_argnums={self.batch_argnums}), got {len(arrays)}.")
+    names = tuple(name.format(i) for i in range(len(arrays)))
+    label = self._label_position()
+    if label is not None:
+      _inputs.check_label_dtype(arrays[label], names[label] + " (labels)")
+    return names, label
+
   def check_inputs(self, params: PyTree, *arrays: Any) -> None:
     """Runs every input check of :meth:`step` on the WHOLE dataset, before anything is paid.
 
@@ -639,13 +651,7 @@ class PrivateSGD:
     runs them on each batch anyway; calling this first finds a problem
     before the first step is paid. Nothing is spent.
     """
-    if len(arrays) != len(self.batch_argnums):
-      raise ValueError(f"check_inputs needs params and {len(self.batch_argnums)} arrays (one per "
-                       f"batch argument, batch_argnums={self.batch_argnums}), got {len(arrays)}.")
-    names = tuple(f"gather argument {i}" for i in range(len(arrays)))
-    label = self._label_position()
-    if label is not None:
-      _inputs.check_label_dtype(arrays[label], names[label] + " (labels)")
+    names, label = self._data_names(arrays, "check_inputs needs params and", "gather argument {}")
     _inputs.check_examples(arrays, names, self.num_examples)
     classes = self._check_model(params, arrays, "")
     if label is not None:
@@ -747,13 +753,7 @@ class PrivateSGD:
   def _device_path(self, data: Any, mesh: Any) -> tuple:
     """Checks and places ``data``; builds the jitted sample-and-update (:mod:`.device_sampling`)."""
     arrays = tuple(data) if isinstance(data, (tuple, list)) else (data,)
-    if len(arrays) != len(self.batch_argnums):
-      raise ValueError(f"data needs {len(self.batch_argnums)} arrays (one per batch argument of "
-                       f"the loss, batch_argnums={self.batch_argnums}), got {len(arrays)}.")
-    names = tuple(f"data[{i}]" for i in range(len(arrays)))
-    label = self._label_position()
-    if label is not None:
-      _inputs.check_label_dtype(arrays[label], names[label] + " (labels)")
+    names, label = self._data_names(arrays, "data needs", "data[{}]")
     leaves = jax.tree.leaves(arrays)
     if all(not isinstance(a, jax.Array) or a.is_fully_addressable for a in leaves):
       _inputs.check_examples(arrays, names, self.num_examples)
@@ -1032,6 +1032,7 @@ def make_private(
   if batch_argnums != tuple(range(1, len(batch_argnums) + 1)):
     raise ValueError(f"batch_argnums must be (1, ..., k): every argument of per_example_loss "
                      f"after params is gathered from the batch, got {batch_argnums}.")
+  checkpoint_every = checkpointing.check_arguments(checkpoint_dir, checkpoint_every)
 
   grad_fn = clipping.clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
                                   batch_argnums=batch_argnums, microbatch_size=microbatch_size,
@@ -1046,22 +1047,15 @@ def make_private(
                                                     neighbouring=relation)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
-  if checkpoint_every is not None:
-    checkpoint_every = _validation.check_positive_int(checkpoint_every, "checkpoint_every")
-    if checkpoint_dir is None:
-      raise ValueError("checkpoint_every needs checkpoint_dir.")
-  if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
-    raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}.")
   _, sample_key, noise_key = jax.random.split(key, 3)
   expected = q * n
   checkpointer = None
   if checkpoint_dir is not None:
-    from jaxdp.training.dpsgd import checkpointing  # pylint: disable=g-import-not-at-top
     fingerprint = {
         "num_examples": n, "sample_rate": q, "noise_multiplier": float(sigma),
         "sensitivity": sensitivity, "steps": t_planned, "padded_size": int(padded),
         "unit": unit, "neighbouring": relation, "accountant_method": accountant_method,
-        "key_sha256": hashlib.sha256(np.asarray(jax.random.key_data(key)).tobytes()).hexdigest(),
+        "key_sha256": checkpointing.key_digest(key),
     }
     checkpointer = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), fingerprint)
     if checkpoint_every is None:

@@ -28,7 +28,6 @@ second reservation raises ``BudgetExceededError`` before any training).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import math
 import os
 import time
@@ -43,7 +42,7 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import _inputs, clipping, sampling, transforms
+from jaxdp.training.dpsgd import _inputs, checkpointing, clipping, sampling, transforms
 
 PyTree = Any
 
@@ -333,13 +332,7 @@ def train_dpsgd(
   q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
   delta = _validation.check_delta(delta, allow_zero=False)
   steps = dpsgd_accounting.steps_for_epochs(epochs, q)
-  every = None
-  if checkpoint_every is not None:
-    every = _validation.check_positive_int(checkpoint_every, "checkpoint_every")
-    if checkpoint_dir is None:
-      raise ValueError("checkpoint_every needs checkpoint_dir.")
-  if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
-    raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}.")
+  every = checkpointing.check_arguments(checkpoint_dir, checkpoint_every)
   frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
   if not 0.0 < frac <= 1.0:
     raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
@@ -394,13 +387,12 @@ def train_dpsgd(
 
   ckpt = None
   if checkpoint_dir is not None:
-    from jaxdp.training.dpsgd import checkpointing  # pylint: disable=g-import-not-at-top
     ckpt = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), {
         "function": "train_dpsgd", "num_examples": n, "sample_rate": q,
         "noise_multiplier": float(sigma), "sensitivity": float(sensitivity), "steps": steps,
         "padded_size": int(sampler.padded_size), "on_overflow": on_overflow,
         "neighbouring": relation, "accountant_method": accountant_method,
-        "key_sha256": hashlib.sha256(np.asarray(jax.random.key_data(key)).tobytes()).hexdigest()})
+        "key_sha256": checkpointing.key_digest(key)})
     every = every or max(1, steps // 10)
     newest, through = ckpt.latest_step(), ckpt.checkpointed_through()
     if through and (newest is None or newest < through):
