@@ -92,8 +92,8 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import (_inputs, checkpointing, clipping, device_sampling, sampling,
-                                  transforms)
+from jaxdp.training.dpsgd import (_inputs, checkpointing, clipping, device_sampling, multihost,
+                                  sampling, transforms)
 
 PyTree = Any
 
@@ -283,19 +283,17 @@ def _spend_once(accountant: Any, event: events.DpEvent, count: int) -> None:
   if jax.process_count() == 1:
     accountant.spend(event, count=count)
     return
-  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
   from jaxdp.accounting.accountant import PrivacyAccountant  # pylint: disable=g-import-not-at-top
   error = None
-  if jax.process_index() == 0:
+  if multihost.is_coordinator():
     try:
       accountant.spend(event, count=count)
     except BudgetExceededError as err:
       error = err
-  ok = bool(multihost_utils.broadcast_one_to_all(np.int32(error is None)))
-  if not ok:
+  if not multihost.broadcast_from_coordinator(error is None):
     raise error if error is not None else BudgetExceededError(
         "process 0's accountant could not pay the step(s); nothing was spent.")
-  if jax.process_index() != 0 and isinstance(accountant, PrivacyAccountant):
+  if not multihost.is_coordinator() and isinstance(accountant, PrivacyAccountant):
     accountant.spend(event, count=count)
 
 
@@ -304,7 +302,6 @@ class _DevicePath(NamedTuple):
   update: Callable[..., Any]
   replicated: Any  # NamedSharding for params/state on the mesh, or None
   host_labels: Any  # this process's labels, for the first step's range check
-  padded_size: int  # static chunk size per device
 
 
 def _local_rows(a: jax.Array) -> np.ndarray:
@@ -549,7 +546,7 @@ class PrivateSGD:
         if ckpt.checkpointed_through() > 0:
           return self._skip_to_unpaid(params, fresh, ckpt.steps_paid())
       return params, fresh
-    got, tree = ckpt.restore(template, step=step)
+    _, tree = ckpt.restore(template, step=step)
     state = PrivateState(tree["opt_state"])
     at = int(state.step)
     paid = ckpt.steps_paid()
@@ -724,11 +721,7 @@ class PrivateSGD:
       # in-memory accountant starts empty, so they are charged to it again here (a
       # durable PrivacyBudget already holds them). Process 0's accountant decides, on
       # every process (the charge is collective).
-      durable = getattr(accountant, "path", None) is not None
-      if jax.process_count() > 1:
-        from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-        durable = bool(multihost_utils.broadcast_one_to_all(np.int32(durable)))
-      if not durable:
+      if not multihost.broadcast_from_coordinator(getattr(accountant, "path", None) is not None):
         _spend_once(accountant, self.step_event(), steps_paid)
     self._opened.append(True)
     return sampler
@@ -791,7 +784,7 @@ class PrivateSGD:
 
     replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     host_labels = None if label is None else local[label]
-    return _DevicePath(placed, update, replicated, host_labels, padded)
+    return _DevicePath(placed, update, replicated, host_labels)
 
   def step_event(self) -> events.DpEvent:
     """The event of ONE step: :func:`~jaxdp.accounting.dpsgd_event` with one step.
@@ -882,11 +875,8 @@ class PrivateSGD:
           _inputs.check_labels(dev.host_labels, f"data[{label}] (labels)", classes, kept)
           sampler._device = dev._replace(host_labels=None)  # pylint: disable=protected-access
         opt_state = state.opt_state
-        if dev.replicated is not None and jax.process_count() > 1:
-          from jaxdp.training.dpsgd import multihost  # pylint: disable=g-import-not-at-top
+        if dev.replicated is not None:  # one process: jax.device_put; several: global arrays
           params, opt_state = multihost.replicate((params, opt_state), dev.replicated.mesh)
-        elif dev.replicated is not None:
-          params, opt_state = jax.device_put((params, opt_state), dev.replicated)
         params, opt_state, info = dev.update(params, opt_state, batch._step_key_data, dev.data)  # pylint: disable=protected-access
       else:
         # Shapes of one chunk (P, ...), without touching the data.

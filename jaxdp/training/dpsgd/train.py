@@ -385,7 +385,7 @@ def train_dpsgd(
           f"(overflow_prob <= {allowed:.3g}) or on_overflow='split' (exact, no extra delta). "
           "Nothing was trained or spent.")
 
-  ckpt = None
+  ckpt, newest = None, None
   if checkpoint_dir is not None:
     ckpt = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), {
         "function": "train_dpsgd", "num_examples": n, "sample_rate": q,
@@ -419,7 +419,7 @@ def train_dpsgd(
       transforms.noisy_aggregate(sigma, sensitivity, sampler.expected_batch_size, noise_key), base)
   opt_state = tx.init(params)
   first_step = 0
-  if ckpt is not None and ckpt.latest_step() is not None:
+  if newest is not None:
     first_step, restored = ckpt.restore({"params": params, "opt_state": opt_state})
     params, opt_state = restored["params"], restored["opt_state"]
     if mesh is not None:
