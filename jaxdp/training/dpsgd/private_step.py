@@ -103,6 +103,14 @@ _EXTRA_STEPS_FOLD = 0x5EED
 # Key for the noise after restoring an older checkpoint (PrivateSGD.restore): fold_in of the
 # noise key with this tag and the first unpaid step, a branch of its own.
 _RESUME_FOLD = 0x2E5E
+# Key for the cyclic group assignment of a correlated-noise plan: fold_in of the sampling key.
+_GROUP_FOLD = 0x6209
+
+
+def _mf_accounting():
+  """:mod:`jaxdp.training.correlated.accounting` (imported late: that package builds on this one)."""
+  from jaxdp.training.correlated import accounting  # pylint: disable=g-import-not-at-top
+  return accounting
 
 
 class _PrivateStateFields(NamedTuple):
@@ -337,9 +345,13 @@ class PaidSampler:
     self._plan = plan
     self.accountant = accountant
     self.steps_paid = start_step if steps_paid is None else steps_paid
+    if plan.noise_strategy is not None and start_step > 0:
+      self.steps_paid = plan.steps  # a resumed correlated-noise run was paid as a whole
     self.steps_sampled = start_step
-    self._poisson = sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
-                                            padded_size=plan.padded_size, on_overflow="split")
+    self._poisson = (plan._participation if plan.noise_strategy is not None  # pylint: disable=protected-access
+                     else sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
+                                                  padded_size=plan.padded_size,
+                                                  on_overflow="split"))
     self._keys = jax.random.split(plan._sample_key, plan.steps)  # pylint: disable=protected-access
     self._key_data: np.ndarray | None = None  # host copy of the step keys (device path)
     self._device: Any = None  # (data, update) of the device-resident path
@@ -369,6 +381,18 @@ class PaidSampler:
     """
     steps = _validation.check_positive_int(steps, "steps")
     plan = self._plan
+    if plan.noise_strategy is not None and self.steps_paid == 0 and steps <= plan.steps:
+      # Correlated noise: the run is ONE mechanism (its sensitivity covers all n steps),
+      # so its event is spent once, in full, before the first batch exists.
+      try:
+        _spend_once(self.accountant, plan.run_event(), 1)
+      except BudgetExceededError as err:
+        raise BudgetExceededError(
+            f"the accountant cannot pay the correlated-noise run ({plan.steps} steps, "
+            f"noise_multiplier={plan.noise_multiplier}); nothing was sampled or spent. ({err})"
+        ) from err
+      self.steps_paid = plan.steps
+      return
     if not plan.allow_extra_steps and self.steps_paid + steps > plan.steps:
       raise BudgetExceededError(
           f"paying {steps} more step(s) would exceed the {plan.steps} steps this plan was "
@@ -410,7 +434,8 @@ class PaidSampler:
       ticket = PoissonBatch(self._plan, t, [], self)
       self.steps_sampled += 1
       return DeviceBatch(ticket, self._step_key_data(t))
-    chunks = self._poisson.sample(self._key(t))
+    chunks = (self._poisson.sample(t, self._key(t)) if self._plan.noise_strategy is not None
+              else self._poisson.sample(self._key(t)))
     self.steps_sampled += 1
     return PoissonBatch(self._plan, t, chunks, self)
 
@@ -490,6 +515,9 @@ class PrivateSGD:
   _physical_batch_size: int | None = dataclasses.field(default=None, repr=False)
   _overflow_prob: float = dataclasses.field(default=1e-9, repr=False)
   _noise_key: Any = dataclasses.field(default=None, repr=False)
+  noise_strategy: Any = None
+  min_separation: int = 1
+  _participation: Any = dataclasses.field(default=None, repr=False)
 
   @property
   def _resume_step(self) -> int:
@@ -694,6 +722,10 @@ class PrivateSGD:
     """
     if mesh is not None and data is None:
       raise ValueError("mesh needs data=: the device-resident path shards the data over it.")
+    if data is not None and self.noise_strategy is not None:
+      raise ValueError("data= (device-resident sampling) is not available with noise_strategy: "
+                       "correlated-noise runs sample their cyclic groups on the host (use "
+                       "sampler(accountant) and gather).")
     ckpt = self._checkpointer
     steps_paid = None
     if start_step is None:
@@ -795,8 +827,25 @@ class PrivateSGD:
     """
     if self.noise_multiplier == 0.0:
       return events.NonPrivateDpEvent()
+    if self.noise_strategy is not None:
+      raise ValueError("a correlated-noise run has no per-step event: its steps form one "
+                       "mechanism, paid once (run_event()).")
     return dpsgd_accounting.dpsgd_event(self.noise_multiplier, self.sample_rate, 1,
                                         neighbouring=self.neighbouring, unit=self.unit).event
+
+  def run_event(self) -> events.DpEvent:
+    """The DpEvent of the whole run: ``T x step_event()``, or the correlated-noise run's event.
+
+    With ``noise_strategy``: :func:`jaxdp.training.correlated.mf_event` (amplified
+    BandMF: ``k x PoissonSampled(p, Gaussian(sigma))``; otherwise one Gaussian of
+    the strategy's (k, b)-participation sensitivity), what the sampler pays once.
+    """
+    if self.noise_strategy is None:
+      event = self.step_event()
+      return event if self.steps == 1 else events.SelfComposedDpEvent(event, self.steps)
+    return _mf_accounting().mf_event(self.noise_strategy, noise_multiplier=self.noise_multiplier,
+                                  num_steps=self.steps, min_separation=self.min_separation,
+                                  sample_rate=self.sample_rate, unit=self.unit)
 
   def guarantee(self, steps: int, delta: float | None = None) -> Any:
     """:meth:`epsilon` as a ``PrivacyGuarantee`` (``neighbouring``, ``unit``, ``accountant_method``).
@@ -824,6 +873,11 @@ class PrivateSGD:
       return 0.0
     if self.noise_multiplier == 0.0:
       return math.inf
+    if self.noise_strategy is not None:
+      return _mf_accounting().mf_epsilon(
+          self.noise_strategy, noise_multiplier=self.noise_multiplier, num_steps=self.steps,
+          min_separation=self.min_separation, sample_rate=self.sample_rate, delta=delta,
+          accountant=self.accountant_method)
     return dpsgd_accounting.dpsgd_epsilon(self.noise_multiplier, self.sample_rate, steps,
                                           delta, self.accountant_method, self.neighbouring)
 
@@ -924,6 +978,8 @@ def make_private(
     neighbouring: str = "add_remove",
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
+    noise_strategy: Any = None,
+    min_separation: int | None = None,
 ) -> PrivateSGD:
   """Wires clipping, Poisson sampling, noise, optimiser and accounting for a custom loop.
 
@@ -981,6 +1037,23 @@ def make_private(
     checkpoint_every: with ``checkpoint_dir``, save every this many steps
       (default: every ``max(1, T // 10)`` steps); the last planned step is
       always saved.
+    noise_strategy: correlated noise instead of DP-SGD's independent noise: a
+      :class:`~jaxdp.training.correlated.BandMF` or
+      :class:`~jaxdp.training.correlated.BLT` strategy C (e.g. from
+      ``optimize_bandmf(T, bands, ...)``). The noise becomes the streamed
+      ``C^{-1} z`` (:func:`~jaxdp.training.correlated.correlated_noise`), the
+      batches cyclic Poisson over ``min_separation`` groups (step t samples
+      group ``t mod b`` at rate q: ``sample_rate`` is the IN-GROUP rate and
+      ``expected_batch_size = q N / b``), and the run is paid as ONE event
+      before its first batch (:func:`~jaxdp.training.correlated.mf_event`:
+      amplified BandMF when ``bands <= b`` and ``q < 1``, else the Gaussian of
+      the strategy's (k, b)-participation sensitivity). ``BandMF.dp_sgd()``
+      with ``min_separation=1`` is DP-SGD bit for bit. Host sampling only
+      (no ``data=``), add/remove neighbours, no ``checkpoint_dir`` and no
+      ``allow_extra_steps`` (C covers exactly T steps).
+    min_separation: b, the number of cyclic groups (two participations of one
+      example are at least b steps apart); default ``bands`` for BandMF;
+      required for BLT.
 
   Returns:
     A :class:`PrivateSGD`.
@@ -1023,22 +1096,72 @@ def make_private(
     raise ValueError(f"batch_argnums must be (1, ..., k): every argument of per_example_loss "
                      f"after params is gathered from the batch, got {batch_argnums}.")
   checkpoint_every = checkpointing.check_arguments(checkpoint_dir, checkpoint_every)
+  if noise_strategy is not None:
+    from jaxdp.training import correlated  # pylint: disable=g-import-not-at-top
+    if not isinstance(noise_strategy, (correlated.BandMF, correlated.BLT)):
+      raise TypeError(f"noise_strategy must be a jaxdp.training.correlated BandMF or BLT, got "
+                      f"{type(noise_strategy).__name__}.")
+    for name, value, ok in (("checkpoint_dir", checkpoint_dir, None),
+                            ("allow_extra_steps", allow_extra_steps, False),
+                            ("neighbouring", relation, events.ADD_REMOVE)):
+      if value != ok:
+        raise ValueError(f"{name}={value!r} is not available with noise_strategy (correlated "
+                         "noise: one run of exactly T steps, add/remove neighbours, no "
+                         "checkpoint_dir).")
+    if min_separation is None:
+      if noise_strategy.bands is None:
+        raise ValueError("min_separation is required with a BLT noise_strategy (the number of "
+                         "cyclic groups b; e.g. the steps of one epoch).")
+      min_separation = noise_strategy.bands
+    b = _validation.check_positive_int(min_separation, "min_separation")
+    if b > n:
+      raise ValueError(f"min_separation must be <= num_examples={n}, got {b}.")
+    if sample_rate is None and expected_batch_size is not None:
+      eb = _validation.check_positive(expected_batch_size, "expected_batch_size")
+      if eb * b > n:
+        raise ValueError(f"expected_batch_size must be in (0, num_examples / min_separation = "
+                         f"{n / b}], got {eb}.")
+      q = _validation.check_sample_rate(eb * b / n)
+    t_planned = (correlated.accounting.steps_for_epochs(epochs, q, b) if steps is None
+                 else t_planned)
+  elif min_separation is not None:
+    raise ValueError("min_separation needs noise_strategy (DP-SGD samples every example at "
+                     "every step).")
 
   grad_fn = clipping.clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
                                   batch_argnums=batch_argnums, microbatch_size=microbatch_size,
                                   per_layer=per_layer, method=clipping_method)
   sensitivity = float(grad_fn.sensitivity)
-  # Validates physical_batch_size / overflow_prob and fixes P once.
-  padded = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
-                                   overflow_prob=overflow_prob, on_overflow="split").padded_size
+  _, sample_key, noise_key = jax.random.split(key, 3)
+  participation = None
+  if noise_strategy is None:
+    # Validates physical_batch_size / overflow_prob and fixes P once.
+    padded = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
+                                     overflow_prob=overflow_prob, on_overflow="split").padded_size
+    expected = q * n
+  else:
+    participation = correlated.CyclicPoissonSampler(
+        n, b, q, t_planned, jax.random.fold_in(sample_key, _GROUP_FOLD),
+        padded_size=physical_batch_size, overflow_prob=overflow_prob)
+    padded = participation.padded_size
+    expected = participation.expected_batch_size
   # Calibration last: the slow part (seconds), after every cheap check.
-  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
-                                                    t_planned, accountant=accountant_method,
-                                                    neighbouring=relation)
+  if noise_strategy is None:
+    sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
+                                                      t_planned, accountant=accountant_method,
+                                                      neighbouring=relation)
+  elif (target_epsilon is None) == (noise_multiplier is None):
+    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
+  elif target_epsilon is None:
+    sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
+  else:
+    if delta is None:
+      raise ValueError("delta is required with target_epsilon.")
+    sigma = correlated.calibrate_mf_noise_multiplier(
+        target_epsilon, delta, noise_strategy, num_steps=t_planned, min_separation=b,
+        sample_rate=q, accountant=accountant_method)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
-  _, sample_key, noise_key = jax.random.split(key, 3)
-  expected = q * n
   checkpointer = None
   if checkpoint_dir is not None:
     fingerprint = {
@@ -1051,7 +1174,12 @@ def make_private(
     if checkpoint_every is None:
       checkpoint_every = max(1, t_planned // 10)
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
-  tx = optax.chain(transforms.noisy_aggregate(sigma, sensitivity, expected, noise_key), base)
+  if noise_strategy is None:
+    noise_tx = transforms.noisy_aggregate(sigma, sensitivity, expected, noise_key)
+  else:
+    noise_tx = correlated.correlated_noise(noise_strategy, t_planned, sigma, sensitivity, expected,
+                                           noise_key)
+  tx = optax.chain(noise_tx, base)
 
   @jax.jit
   def update(params, opt_state, masked):
@@ -1083,13 +1211,16 @@ def make_private(
   return PrivateSGD(
       noise_multiplier=float(sigma), sample_rate=q, num_examples=n, expected_batch_size=expected,
       steps=t_planned, sensitivity=sensitivity, padded_size=padded, delta=delta,
-      target_epsilon=target_epsilon, noise_stddev=transforms.noise_stddev(sigma, sensitivity),
+      target_epsilon=target_epsilon,
+      noise_stddev=(transforms.noise_stddev(sigma, sensitivity) if noise_strategy is None else
+                    correlated.noise_stddev(noise_strategy, t_planned, sigma, sensitivity)),
       optimizer=tx, base_optimizer=base, clipped_grad_fn=grad_fn, batch_argnums=batch_argnums,
       accountant_method=accountant_method, unit=unit, allow_extra_steps=allow_extra_steps,
       _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss,
       neighbouring=relation, _checkpointer=checkpointer, _checkpoint_every=checkpoint_every,
       _physical_batch_size=physical_batch_size, _overflow_prob=overflow_prob,
-      _noise_key=noise_key)
+      _noise_key=noise_key, noise_strategy=noise_strategy,
+      min_separation=1 if noise_strategy is None else b, _participation=participation)
 
 
 __all__ = ["DeviceBatch", "PaidSampler", "PoissonBatch", "PrivateBatch", "PrivateSGD", "PrivateState",
