@@ -22,15 +22,17 @@ et al. 2023, multi-epoch MF and amplified BandMF; Dvijotham, McMahan et al.
 ``make_private(..., noise_strategy=...)`` wires them into a paid training loop.
 """
 
-from jaxdp.training.correlated import accounting
+from jaxdp.training.correlated import accounting, optimize, sensitivity, workloads
 from jaxdp.training.correlated.accounting import (calibrate_mf_noise_multiplier, mf_epsilon,
                                                   mf_event)
 from jaxdp.training.correlated.noise import CorrelatedNoiseState, correlated_noise, noise_stddev
+from jaxdp.training.correlated.optimize import expected_error, optimize_bandmf, optimize_blt
 from jaxdp.training.correlated.participation import CyclicPoissonSampler, max_participations
 from jaxdp.training.correlated.strategies import BLT, BandMF
 
 __all__ = [
     "BLT", "BandMF", "CorrelatedNoiseState", "CyclicPoissonSampler", "accounting",
     "calibrate_mf_noise_multiplier", "correlated_noise", "max_participations", "mf_epsilon",
-    "mf_event", "noise_stddev",
+    "mf_event", "noise_stddev", "expected_error", "optimize", "optimize_bandmf", "optimize_blt",
+    "sensitivity", "workloads",
 ]

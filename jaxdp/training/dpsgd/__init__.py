@@ -12,6 +12,8 @@
 * :mod:`.multihost` -- the same over the devices of several processes (``jax.distributed``);
 * :class:`RunCheckpointer` -- Orbax checkpoints of a private run plus its durable ledger
   (``make_private(..., checkpoint_dir=...)``, ``train_dpsgd(..., checkpoint_dir=...)``);
+* :mod:`.adaptive_clipping` -- :class:`AdaptiveClipNorm` (Andrew et al. 2021): clip to a
+  privately tracked quantile of the gradient norms (``make_private(l2_clip_norm=AdaptiveClipNorm(...))``);
 * :func:`linear_dpsgd` -- many independent DP-SGD runs of a softmax linear model in one call.
 """
 
@@ -22,7 +24,9 @@ from jaxdp.training.dpsgd.sampling import (BatchOverflowError, MaskedBatch, Padd
                                            PoissonSampler, abort_delta, effective_sample_rate,
                                            overflow_probability, pad_and_split, padded_batch_size,
                                            poisson_sample_indices)
-from jaxdp.training.dpsgd import device_sampling, multihost
+from jaxdp.training.dpsgd import adaptive_clipping, device_sampling, multihost
+from jaxdp.training.dpsgd.adaptive_clipping import (AdaptiveClipNorm, AdaptiveClipState,
+                                                    adaptive_clip_noise, adaptive_noisy_aggregate)
 from jaxdp.training.dpsgd.checkpointing import RunCheckpointer
 from jaxdp.training.dpsgd.private_step import (DeviceBatch, PaidSampler, PrivateBatch, PrivateSGD, PrivateState,
                                                make_private)
@@ -30,7 +34,8 @@ from jaxdp.training.dpsgd.train import DPSGDResult, accuracy, make_per_example_l
 from jaxdp.training.dpsgd.transforms import NoisyAggregateState, dp_optimizer, noise_stddev, noisy_aggregate, private_sgd
 
 __all__ = [
-    "BatchOverflowError", "ClippedGradFn", "DeviceBatch", "RunCheckpointer", "ClippedGradInfo", "DPSGDResult", "LinearDPSGDResult",
+    "AdaptiveClipNorm", "AdaptiveClipState", "adaptive_clip_noise", "adaptive_clipping",
+    "adaptive_noisy_aggregate", "BatchOverflowError", "ClippedGradFn", "DeviceBatch", "RunCheckpointer", "ClippedGradInfo", "DPSGDResult", "LinearDPSGDResult",
     "MaskedBatch", "linear_dpsgd",
     "NoisyAggregateState", "PaddedBatch", "PoissonSampler", "abort_delta", "accuracy",
     "clipped_grad", "data_parallel_clipped_grad",

@@ -92,7 +92,8 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.training.dpsgd import (_inputs, checkpointing, clipping, device_sampling, multihost,
+from jaxdp.training.dpsgd import (_inputs, adaptive_clipping, checkpointing, clipping,
+                                  device_sampling, multihost,
                                   sampling, transforms)
 
 PyTree = Any
@@ -474,7 +475,8 @@ class PrivateSGD:
     delta: the delta epsilon is reported at (None when only a noise
       multiplier was given without delta).
     target_epsilon: the calibration target (None when sigma was given).
-    noise_stddev: ``sigma * S``.
+    noise_stddev: ``sigma * S`` (with correlated noise, the std ``sigma S s_1`` of
+      ``z``; with an adaptive clip norm, in units of the current clip norm C_t).
     optimizer: the optax transform ``chain(noisy_aggregate(sigma, S, q N, noise_key), base)``
       (expects the clipped SUM; :meth:`step` feeds it).
     base_optimizer: the optax optimiser applied to the private average.
@@ -484,6 +486,12 @@ class PrivateSGD:
     unit: the privacy unit of the events.
     allow_extra_steps: whether steps beyond T may be paid.
     neighbouring: ``"add_remove"`` or ``"replace_one"``: the relation of the events and epsilon.
+    noise_strategy: the correlated-noise strategy (``make_private(noise_strategy=)``), or None.
+    min_separation: b, the cyclic groups of a correlated-noise plan (1 for DP-SGD).
+    adaptive_clip_norm: the :class:`~.adaptive_clipping.AdaptiveClipNorm`, or None.
+    gradient_noise_multiplier: the multiplier of the gradient noise: ``noise_multiplier``,
+      or with an adaptive clip norm the sigma_Delta that leaves room for the count noise
+      (Andrew et al. 2021 Thm 1), so that both together cost ``noise_multiplier``.
   """
 
   noise_multiplier: float
@@ -517,6 +525,8 @@ class PrivateSGD:
   _noise_key: Any = dataclasses.field(default=None, repr=False)
   noise_strategy: Any = None
   min_separation: int = 1
+  adaptive_clip_norm: Any = None
+  gradient_noise_multiplier: float | None = None
   _participation: Any = dataclasses.field(default=None, repr=False)
 
   @property
@@ -722,6 +732,9 @@ class PrivateSGD:
     """
     if mesh is not None and data is None:
       raise ValueError("mesh needs data=: the device-resident path shards the data over it.")
+    if data is not None and self.adaptive_clip_norm is not None:
+      raise ValueError("data= (device-resident sampling) is not available with an adaptive "
+                       "l2_clip_norm: use sampler(accountant) and gather.")
     if data is not None and self.noise_strategy is not None:
       raise ValueError("data= (device-resident sampling) is not available with noise_strategy: "
                        "correlated-noise runs sample their cyclic groups on the host (use "
@@ -832,6 +845,15 @@ class PrivateSGD:
                        "mechanism, paid once (run_event()).")
     return dpsgd_accounting.dpsgd_event(self.noise_multiplier, self.sample_rate, 1,
                                         neighbouring=self.neighbouring, unit=self.unit).event
+
+  def clip_norm(self, state: PrivateState) -> float:
+    """The clip norm the next step uses: fixed, or C_t of an adaptive ``l2_clip_norm``.
+
+    C_t is public (a function of the noisy unclipped counts only; Andrew et al. 2021).
+    """
+    if self.adaptive_clip_norm is None:
+      return float(self.clipped_grad_fn.l2_clip_norm)
+    return float(adaptive_clipping.current_clip_norm(state.opt_state))
 
   def run_event(self) -> events.DpEvent:
     """The DpEvent of the whole run: ``T x step_event()``, or the correlated-noise run's event.
@@ -1000,7 +1022,15 @@ def make_private(
     per_example_loss: ``(params, *example) -> scalar`` loss of ONE example,
       e.g. ``make_per_example_loss(apply)`` for a Flax model.
     l2_clip_norm: clip norm (per-group norms with ``per_layer``); must be
-      finite unless ``noise_multiplier=0``.
+      finite unless ``noise_multiplier=0``. Or an
+      :class:`~.adaptive_clipping.AdaptiveClipNorm`: adaptive clipping
+      (Andrew et al. 2021) to a privately tracked quantile of the gradient
+      norms; the gradient noise gets sigma_Delta and the unclipped count
+      sigma_b so that together they cost the calibrated sigma (Theorem 1; for
+      a correlated-noise run without amplification, the run-level version in
+      :func:`~.adaptive_clipping.gradient_noise_multiplier`). The current
+      clip norm is :meth:`PrivateSGD.clip_norm` ``(state)``. Host sampling
+      only, flat clipping, no ``checkpoint_dir``.
     num_examples: dataset size N (the batches are gathered from N rows).
     key: ``jax.random`` key, split like ``train_dpsgd``'s into
       ``(init, sampling, noise) = split(key, 3)``; the init part is not used
@@ -1127,6 +1157,14 @@ def make_private(
   elif min_separation is not None:
     raise ValueError("min_separation needs noise_strategy (DP-SGD samples every example at "
                      "every step).")
+  adaptive = None
+  if isinstance(l2_clip_norm, adaptive_clipping.AdaptiveClipNorm):
+    adaptive = l2_clip_norm
+    for name, value, ok in (("per_layer", per_layer, False), ("checkpoint_dir", checkpoint_dir, None)):
+      if value != ok:
+        raise ValueError(f"{name}={value!r} is not available with an adaptive l2_clip_norm "
+                         "(flat clipping of the normalised gradient; no checkpoint_dir).")
+    l2_clip_norm = 1.0  # gradients are clipped in units of the current clip norm C_t
 
   grad_fn = clipping.clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
                                   batch_argnums=batch_argnums, microbatch_size=microbatch_size,
@@ -1162,6 +1200,19 @@ def make_private(
         sample_rate=q, accountant=accountant_method)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
+  grad_sigma = sigma
+  if adaptive is not None:
+    # Andrew et al. 2021 Thm 1: gradient and count noise together cost sigma (whitening).
+    count_sigma = adaptive.resolved_count_noise_multiplier(expected)
+    if (noise_strategy is not None and correlated.accounting.analysis(
+        noise_strategy, b, q) == correlated.accounting.DETERMINISTIC):
+      # One Gaussian for the run: sens_C^2 / sigma_Delta^2 + k / (2 sigma_b)^2 = r^2 / sigma^2.
+      ratio = correlated.accounting.run_sensitivity(noise_strategy, t_planned, b)
+      grad_sigma = ratio * adaptive_clipping.gradient_noise_multiplier(
+          sigma / ratio, count_sigma,
+          participations=correlated.max_participations(t_planned, b)) if sigma > 0 else 0.0
+    else:
+      grad_sigma = adaptive_clipping.gradient_noise_multiplier(sigma, count_sigma)
   checkpointer = None
   if checkpoint_dir is not None:
     fingerprint = {
@@ -1174,16 +1225,27 @@ def make_private(
     if checkpoint_every is None:
       checkpoint_every = max(1, t_planned // 10)
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
+  grad_key = noise_key if adaptive is None else jax.random.split(noise_key)[1]
   if noise_strategy is None:
-    noise_tx = transforms.noisy_aggregate(sigma, sensitivity, expected, noise_key)
+    noise_tx = transforms.noisy_aggregate(grad_sigma, sensitivity, expected, grad_key)
   else:
-    noise_tx = correlated.correlated_noise(noise_strategy, t_planned, sigma, sensitivity, expected,
-                                           noise_key)
+    noise_tx = correlated.correlated_noise(noise_strategy, t_planned, grad_sigma, sensitivity,
+                                           expected, grad_key)
+  if adaptive is not None:
+    noise_tx = adaptive_clipping.adaptive_clip_noise(
+        noise_tx, adaptive, expected_batch_size=expected, key=jax.random.split(noise_key)[0],
+        count_noise_multiplier=count_sigma)
   tx = optax.chain(noise_tx, base)
 
   @jax.jit
   def update(params, opt_state, masked):
     arrays, mask = masked.arrays, masked.mask  # leaves (K, P, ...), mask (K, P)
+    step_grad_fn, clip = grad_fn, None
+    if adaptive is not None:  # clip to the current C_t, in units of C_t (adaptive_clipping)
+      clip = opt_state[0].clip_norm
+      step_grad_fn = adaptive_clipping.adaptive_clipped_grad(
+          per_example_loss, clip, batch_argnums=batch_argnums, microbatch_size=microbatch_size,
+          method=clipping_method)
     zeros = jax.tree.map(
         lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(jnp.result_type(p), jnp.float32)),
         params)
@@ -1191,7 +1253,7 @@ def make_private(
     def body(carry, chunk):
       acc, loss, count, clipped = carry
       chunk_arrays, chunk_mask = chunk
-      g, info = grad_fn(params, sampling.MaskedBatch(chunk_arrays, chunk_mask))
+      g, info = step_grad_fn(params, sampling.MaskedBatch(chunk_arrays, chunk_mask))
       return (jax.tree.map(jnp.add, acc, g), loss + info.loss_sum,
               count + info.num_examples, clipped + info.num_clipped), None
 
@@ -1202,6 +1264,9 @@ def make_private(
     if mask.shape[0] > 1:
       carry, _ = jax.lax.scan(body, carry, jax.tree.map(lambda a: a[1:], (arrays, mask)))
     gsum, loss, count, clipped = carry
+    if adaptive is not None:
+      gsum = (gsum, adaptive_clipping.centered_unclipped_count(count, clipped))
+      loss = loss * clip
     # Noise on the SUM, then / (q N): transforms.noisy_aggregate (paper 000 Eq. 4).
     updates, opt_state = tx.update(gsum, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state,
@@ -1212,15 +1277,16 @@ def make_private(
       noise_multiplier=float(sigma), sample_rate=q, num_examples=n, expected_batch_size=expected,
       steps=t_planned, sensitivity=sensitivity, padded_size=padded, delta=delta,
       target_epsilon=target_epsilon,
-      noise_stddev=(transforms.noise_stddev(sigma, sensitivity) if noise_strategy is None else
-                    correlated.noise_stddev(noise_strategy, t_planned, sigma, sensitivity)),
+      noise_stddev=(transforms.noise_stddev(grad_sigma, sensitivity) if noise_strategy is None else
+                    correlated.noise_stddev(noise_strategy, t_planned, grad_sigma, sensitivity)),
       optimizer=tx, base_optimizer=base, clipped_grad_fn=grad_fn, batch_argnums=batch_argnums,
       accountant_method=accountant_method, unit=unit, allow_extra_steps=allow_extra_steps,
       _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss,
       neighbouring=relation, _checkpointer=checkpointer, _checkpoint_every=checkpoint_every,
       _physical_batch_size=physical_batch_size, _overflow_prob=overflow_prob,
       _noise_key=noise_key, noise_strategy=noise_strategy,
-      min_separation=1 if noise_strategy is None else b, _participation=participation)
+      min_separation=1 if noise_strategy is None else b, _participation=participation,
+      adaptive_clip_norm=adaptive, gradient_noise_multiplier=float(grad_sigma))
 
 
 __all__ = ["DeviceBatch", "PaidSampler", "PoissonBatch", "PrivateBatch", "PrivateSGD", "PrivateState",
