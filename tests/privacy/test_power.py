@@ -488,6 +488,47 @@ INJECTIONS.extend([
 ])
 
 
+def _count_noise_scaled(factor: float) -> Callable[[Any], Any]:
+  """Factory: adaptive_clipping's ``mechanisms`` with ``gaussian_noise`` times ``factor``.
+
+  Only the count noise of adaptive clipping is drawn through that module attribute (the
+  gradient noise is drawn inside ``noisy_aggregate``).
+  """
+  def factory(original):
+    import types  # pylint: disable=import-outside-toplevel
+    namespace = types.SimpleNamespace(**vars(original))
+    namespace.gaussian_noise = lambda *args, **kwargs: factor * original.gaussian_noise(
+        *args, **kwargs)
+    return namespace
+  return factory
+
+
+def _uncentered_count(original):
+  """Factory: ``centered_unclipped_count`` returning ``sum_i b_i`` (sensitivity 1, not 1/2)."""
+  del original
+  return lambda num_examples, num_clipped: (jnp.asarray(num_examples, jnp.float32)
+                                            - jnp.asarray(num_clipped, jnp.float32))
+
+
+# Adaptive clipping (entries_adaptive_clipping.py).
+INJECTIONS.extend([
+    Injection("dpsgd", "jaxdp.training.dpsgd.adaptive_noisy_aggregate",
+              "jaxdp.training.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8),
+              "noise", "adaptive clipping: gradient noise sigma_Delta x 0.8"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.adaptive_clip_noise[part=count]",
+              "jaxdp.training.dpsgd.adaptive_clipping.mechanisms", _count_noise_scaled(0.8),
+              "noise", "adaptive clipping: count noise drawn at 0.8 sigma_b"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.adaptive_noisy_aggregate",
+              "jaxdp.training.dpsgd.adaptive_clipping.mechanisms", _count_noise_scaled(0.0),
+              "no_nonprivate", "adaptive clipping: the next clip norm from the exact count (no "
+              "count noise)"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.adaptive_noisy_aggregate",
+              "jaxdp.training.dpsgd.adaptive_clipping.centered_unclipped_count",
+              _uncentered_count, "replay",
+              "adaptive clipping: uncentered count sum b_i (sensitivity 1) noised for 1/2"),
+])
+
+
 _RESULTS: dict[str, str] = {}
 
 

@@ -41,6 +41,7 @@ error evaluation, so one evaluation at n = 2000 takes about a millisecond.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -139,9 +140,14 @@ def _bandmf_value_and_grad(x, eta, scale, *, n, beta, kind, steps):
 
 
 def _lbfgs(value_and_grad, x0, max_iterations, tol):
+  # L-BFGS on log(loss): the loss spans many orders of magnitude (a trial step can make C
+  # nearly singular, loss ~1e58), and a line search on the raw value would stop at x0.
   def fun(x):
     v, g = value_and_grad(jnp.asarray(x, jnp.float64))
-    return float(v), np.asarray(g, np.float64)
+    v = float(v)
+    if not (np.isfinite(v) and v > 0):
+      return np.inf, np.zeros_like(np.asarray(x, np.float64))
+    return math.log(v), np.asarray(g, np.float64) / v
 
   res = scipy.optimize.minimize(fun, np.asarray(x0, np.float64), jac=True, method="L-BFGS-B",
                                 options={"maxiter": max_iterations, "ftol": tol,
@@ -149,7 +155,7 @@ def _lbfgs(value_and_grad, x0, max_iterations, tol):
   x = np.asarray(res.x, np.float64)
   if not np.all(np.isfinite(x)):
     raise RuntimeError("strategy optimisation diverged (non-finite parameters).")
-  return x, float(res.fun)
+  return x, math.exp(float(res.fun))
 
 
 def optimize_bandmf(num_steps, bands, *, momentum=0.0, learning_rates=None, max_participations=1,

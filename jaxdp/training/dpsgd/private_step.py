@@ -78,6 +78,7 @@ new plan with a fresh key for another run).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -1237,7 +1238,12 @@ def make_private(
         count_noise_multiplier=count_sigma)
   tx = optax.chain(noise_tx, base)
 
-  @jax.jit
+  # A correlated-noise plan donates the optimiser state: BandMF's noise history is then
+  # updated in place (state_size x params floats), not copied every step. The state a step
+  # consumed is never valid again anyway (step refuses an old state).
+  donate = (1,) if noise_strategy is not None and noise_strategy.state_size else ()
+
+  @functools.partial(jax.jit, donate_argnums=donate)
   def update(params, opt_state, masked):
     arrays, mask = masked.arrays, masked.mask  # leaves (K, P, ...), mask (K, P)
     step_grad_fn, clip = grad_fn, None

@@ -94,3 +94,14 @@ def test_bad_arguments_are_refused():
   with pytest.raises(ValueError, match="min_separation"):
     optimize.expected_error(strategies.BandMF.dp_sgd(), 20, min_separation=None)
   assert math.isfinite(optimize.expected_error(strategies.BandMF.dp_sgd(), 1))
+
+
+def test_bandmf_optimum_is_found_when_the_first_trial_step_is_near_singular():
+  # A unit L-BFGS step from the square-root start lands at c_1 = 1.5, where C^{-1} blows up
+  # (loss ~1e58); the search runs on log(loss) and still reaches c_1 ~ 0.967.
+  from jaxdp.training.correlated import BandMF, optimize_bandmf, expected_error
+  kw = dict(momentum=0.9, max_participations=90, min_separation=2)
+  best = optimize_bandmf(180, 2, **kw)
+  start = BandMF(np.array([1.0, 0.5]))
+  assert expected_error(best, 180, **kw) < 0.95 * expected_error(start, 180, **kw)
+  assert abs(best.coefs[1] - 0.9674) < 1e-3
