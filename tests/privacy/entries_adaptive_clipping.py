@@ -54,6 +54,16 @@ Entries:
   alone is the Gaussian mechanism with ``mu = 1 / (2 sigma_b)``, the claim its
   audit is held to). The gradient half of the same transform is the joint
   entry's (``adaptive_noisy_aggregate`` calls ``adaptive_clip_noise``).
+* ``jaxdp.training.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]``:
+  one step of a ``make_private`` plan (q = 1, ``noise_multiplier=sigma``,
+  ``sigma_b = 2`` in the config): the plan splits sigma into sigma_Delta and
+  sigma_b itself, so the same whitened pair (sigma_Delta of the theorem
+  above), formed from the returned params and the state's next clip norm, is
+  held to noise scale 1, sensitivity 1/sigma and the Gaussian epsilon at
+  ``mu = 1 / sigma``; its sampler pays ``PoissonSampled(1, Gaussian(sigma))``,
+  one DP-SGD step (charge check). Worst-case pair only, inputs of width
+  ``dp.D_WIDE``; not audited (each call builds and compiles its own plan; the
+  joint entry audits the same noise path).
 
 The transforms spend nothing (the caller's accountant pays each step as one
 DP-SGD step of multiplier sigma): their charge checks are skipped. The helpers
@@ -64,10 +74,12 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 import conformance_registry as reg
 import entries_dpsgd as dp
@@ -109,21 +121,24 @@ EPSILON_COUNT = dp.gaussian_epsilon(0.5 / SIGMA_B_DEFAULT, DELTA)
 # -- datasets ------------------------------------------------------------------------------
 
 
-def _row(coordinate: int, norm: float) -> np.ndarray:
-  """A feature row whose per-example gradient at ``W_0 = 0`` has norm ``norm``."""
-  x = np.zeros(dp.D, np.float32)
+def _row(coordinate: int, norm: float, d: int = dp.D) -> np.ndarray:
+  """A feature row of width ``d`` whose per-example gradient at ``W_0 = 0`` has norm ``norm``."""
+  x = np.zeros(d, np.float32)
   x[coordinate] = norm / dp._residual_norm()  # pylint: disable=protected-access
   return x
 
 
-def pairs() -> list[tuple[dict, dict]]:
-  """Add/remove pairs at ``C_0``; the worst case (clip binds, count moves by -1/2) first."""
-  base = dp._base()  # pylint: disable=protected-access
+def pairs(d: int = dp.D) -> list[tuple[dict, dict]]:
+  """Add/remove pairs at ``C_0``, inputs of width ``d``; the worst case first.
+
+  The worst case: the clip binds (the sum moves by 1) and the count moves by -1/2.
+  """
+  base = dp._base(d)  # pylint: disable=protected-access
   add = dp._add  # pylint: disable=protected-access
   return [
-      (base, add(base, _row(0, 10.0 * math.sqrt((dp.K - 1) / dp.K)), dp.K - 1)),  # norm 8.2
-      (base, add(base, _row(2, 0.99 * C0), 0)),        # unclipped: the count moves by +1/2
-      (base, add(base, _row(1, C0), 0)),               # on the clip boundary
+      (base, add(base, _row(0, 10.0 * math.sqrt((dp.K - 1) / dp.K), d), dp.K - 1)),  # norm 8.2
+      (base, add(base, _row(2, 0.99 * C0, d), 0)),     # unclipped: the count moves by +1/2
+      (base, add(base, _row(1, C0, d), 0)),            # on the clip boundary
       (base, add(base, base["x"][0], int(base["y"][0]))),  # duplicated row
       (base, {"x": base["x"][:-1], "y": base["y"][:-1]}),  # removed row
   ]
@@ -232,11 +247,18 @@ def _count_release(key, data):
 # -- private vectors -----------------------------------------------------------------------
 
 
+def count_from_clip_norm(c1, qn: float = QN) -> float:
+  """The noisy centered count from ``C_1 = C_0 exp(-eta (btilde - gamma))``, inverted in float64.
+
+  ``btilde = gamma - log(C_1 / C_0) / eta`` and ``noisy = q N btilde - q N / 2``.
+  """
+  btilde = GAMMA - math.log(float(np.asarray(c1, np.float64)) / C0) / ETA
+  return qn * btilde - qn / 2.0
+
+
 def noisy_count(out) -> float:
-  """The noisy centered count, from ``C_1 = C_0 exp(-eta (btilde - gamma))`` (float64)."""
-  c1 = float(np.asarray(out[1].clip_norm, np.float64))
-  btilde = GAMMA - math.log(c1 / C0) / ETA
-  return QN * btilde - QN / 2.0
+  """The noisy centered count of a transform update ``(updates, state)`` (float64)."""
+  return count_from_clip_norm(out[1].clip_norm)
 
 
 def _noisy_sum(out) -> np.ndarray:
@@ -326,6 +348,84 @@ reg.register(reg.ReleasePoint(
                     "check's float32 slack when the count moves by exactly its sensitivity "
                     "1/2; the adaptive_noisy_aggregate entry replays the whitened pair, "
                     "whose clipped-sum part keeps the float32-safe clip margin"}))
+
+
+# -- PrivateSGD.step of a make_private(l2_clip_norm=AdaptiveClipNorm) plan -------------------
+# One step of the plan at q = 1 (the sample is every row: data-independent), total noise
+# multiplier sigma, count noise sigma_b given explicitly in the config; make_private splits
+# sigma into sigma_Delta and sigma_b itself (Andrew et al. 2021 Thm 1). N is public by the
+# documented convention, so q N = N differs between D and D' (16, 17) and the release returns
+# it (the plan's expected_batch_size) for the count's inversion. With optax.scale(q N) the
+# returned params are ``C_0 (sum gbar + z)``: the noisy normalised sum times C_0. Inputs of
+# width dp.D_WIDE (192 gradient coordinates per call: the noise check needs few calls); at
+# that width every base row has gradient norm sqrt(2/3) > C_0 (all clipped: reference count
+# -8), and the worst-case pair moves the sum by 1 and the count by -1/2, as above.
+
+
+class PlanStep(NamedTuple):
+  """The step's ``(params, state, info)`` and the plan's public ``q N``."""
+  params: Any
+  state: Any
+  info: Any
+  expected_batch_size: Any
+
+
+def _make_private_step(key, data, accountant) -> PlanStep:
+  from jaxdp.training import dpsgd
+  n = len(data["y"])
+  loss = dp._per_example_loss  # pylint: disable=protected-access
+  private = dpsgd.make_private(
+      loss, l2_clip_norm=_config(SIGMA_B), num_examples=n, key=key, sample_rate=1.0,
+      noise_multiplier=SIGMA, delta=DELTA, steps=1, optimizer=optax.scale(float(n)),
+      clipping_method="vmap")
+  w0 = jnp.zeros((data["x"].shape[1], dp.K), jnp.float32)
+  batch = private.sampler(accountant).sample().gather(data["x"], data["y"])
+  params, state, info = private.step(w0, private.init(w0), batch)
+  return PlanStep(params, state, info, jnp.float32(private.expected_batch_size))
+
+
+def _make_private_release(key, data) -> PlanStep:
+  from jaxdp.accounting import PrivacyAccountant
+  return _make_private_step(key, data, PrivacyAccountant())
+
+
+def plan_vector(out: PlanStep) -> np.ndarray:
+  """The whitened pair ``(C_0^-1 params / sigma_Delta, noisy count / sigma_b)`` (float64)."""
+  from jaxdp.training.dpsgd import adaptive_clipping as ac
+  noisy_sum = np.asarray(out.params, np.float64).reshape(-1) / C0
+  count = count_from_clip_norm(ac.current_clip_norm(out.state.opt_state),
+                               float(out.expected_batch_size))
+  return np.concatenate([noisy_sum / SIGMA_DELTA, [count / SIGMA_B]])
+
+
+reg.register(reg.ReleasePoint(
+    name="jaxdp.training.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]",
+    family=FAMILY, neighbouring="add_remove", unit="example",
+    guarantee=("(eps, delta)-DP for add/remove of one example: one step of the plan (q = 1) "
+               "releases the normalised clipped sum (sensitivity 1, std sigma_Delta) and the "
+               "centered unclipped count (sensitivity 1/2, std sigma_b), which, whitened, are "
+               "one Gaussian mechanism of sensitivity (sigma_Delta^-2 + (2 sigma_b)^-2)^1/2 = "
+               "1/sigma (Andrew et al. 2021 Thm 1; Balle & Wang 2018 Thm 8); the sampler pays "
+               "it as one DP-SGD step of multiplier sigma"),
+    epsilon=EPSILON, delta=DELTA,
+    pairs=lambda: pairs(dp.D_WIDE)[:1],
+    release=_make_private_release, vector=plan_vector,
+    event=dp.step_event,
+    charged=lambda data, acc: (_make_private_step(jax.random.key(12), data, acc), 1),
+    fresh=None,
+    sensitivity=SENSITIVITY, norm="l2",
+    noise=reg.NoiseSpec(
+        kind="gaussian", scale=1.0, reference=joint_reference,
+        theorem="whitened (noisy sum / sigma_Delta, noisy centered count / sigma_b): std 1 per "
+                "coordinate, sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^-1/2 (Andrew et al. 2021 "
+                "Alg. 1 and Thm 1)"),
+    audit=None, support="continuous",
+    # N is public by the documented convention (q N is computed from it).
+    public_outputs=("expected_batch_size",),
+    skip={"audit": "each call builds and compiles its own plan (make_private), so 2 x trials "
+                   "calls do not fit the always-on suite; the same noise path (adaptive_clip_noise "
+                   "around noisy_aggregate) is audited by the adaptive_noisy_aggregate entry "
+                   "(vmapped)"}))
 
 
 # -- declared: public adaptive-clipping callables that release nothing themselves ----------

@@ -526,6 +526,9 @@ INJECTIONS.extend([
               "jaxdp.training.dpsgd.adaptive_clipping.centered_unclipped_count",
               _uncentered_count, "replay",
               "adaptive clipping: uncentered count sum b_i (sensitivity 1) noised for 1/2"),
+    Injection("dpsgd", "jaxdp.training.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]",
+              "jaxdp.training.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8),
+              "noise", "make_private with adaptive clipping: gradient noise sigma_Delta x 0.8"),
 ])
 
 
