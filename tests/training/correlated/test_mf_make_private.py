@@ -96,6 +96,7 @@ def test_batches_follow_the_cyclic_groups():
   assert when and all(len({t % 3 for t in ts}) == 1 and len(ts) <= 4 for ts in when.values())
 
 
+@pytest.mark.slow  # always-on twin: the charge check of PrivateSGD.step[noise_strategy=BandMF]
 def test_short_budget_refuses_before_any_batch():
   strategy = BandMF(np.array([1.0, 0.5]))
   private = dpsgd.make_private(_loss, l2_clip_norm=1.0, num_examples=N, key=jax.random.key(3),
@@ -109,6 +110,7 @@ def test_short_budget_refuses_before_any_batch():
   assert not budget.accountant.ledger and sampler.steps_sampled == 0
 
 
+@pytest.mark.slow  # always-on twin: test_mf_accounting.py::test_calibration_meets_the_target_tightly
 def test_target_epsilon_calibrates_the_run():
   private = dpsgd.make_private(_loss, l2_clip_norm=1.0, num_examples=N, key=jax.random.key(3),
                                expected_batch_size=30, target_epsilon=2.0, delta=1e-5, epochs=2,
