@@ -29,7 +29,10 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
    buffers; ``--quick``: n = 500).
 
 ``--quick`` trains on a 12,000-example subset for one epoch at epsilon in
-{2, 8}. The last printed line is one JSON object with every figure.
+{2, 8}. ``--seed s --accuracy-only --csv FILE`` adds a seed (model init, keys)
+to the accuracy table; ``--summarize FILE...`` prints the table of
+``docs/results.md`` (mean and sd over seeds) from such CSVs. The last printed
+line is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def train_one(mechanism: str, epsilon: float, data, *, batch: int, epochs: int, 
   seconds = time.perf_counter() - t0
   logits = jax.jit(model.apply)(params, x_te)
   accuracy = float(np.mean(np.asarray(jnp.argmax(logits, -1)) == y_te))
-  return {"mechanism": mechanism, "epsilon": epsilon, "accuracy": accuracy,
+  return {"seed": seed, "mechanism": mechanism, "epsilon": epsilon, "accuracy": accuracy,
           "noise_multiplier": private.noise_multiplier, "steps": steps,
           "ledger_epsilon_rdp": float(acc.get_epsilon(DELTA, "rdp")),
           "train_seconds": seconds}
@@ -183,7 +186,14 @@ def main(argv=None) -> dict:
   parser.add_argument("--batch", type=int, default=256)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--csv", default=None, help="also write the accuracy table to this CSV")
+  parser.add_argument("--accuracy-only", action="store_true",
+                      help="skip the optimisation-time and step-time sections (extra seeds)")
+  parser.add_argument("--summarize", nargs="+", default=None, metavar="CSV",
+                      help="print the accuracy table (mean and sd over seeds) of these CSVs, "
+                           "and nothing else")
   args = parser.parse_args(argv)
+  if args.summarize:
+    return summarize(args.summarize)
   epsilons = args.epsilons or ([2.0, 8.0] if args.quick else [1.0, 2.0, 4.0, 8.0])
   epochs = args.epochs or (1 if args.quick else 3)
   load = os.getloadavg()[0]
@@ -193,6 +203,15 @@ def main(argv=None) -> dict:
                "delta": DELTA, "momentum": MOMENTUM, "learning_rate": LR,
                "load_avg_1min_start": load}
 
+  if not args.accuracy_only:
+    _speed_sections(args, out)
+  _accuracy_section(args, out, epsilons, epochs)
+  out["load_avg_1min_end"] = os.getloadavg()[0]
+  print(json.dumps(out))
+  return out
+
+
+def _speed_sections(args, out: dict) -> None:
   # 3. Strategy optimisation time.
   n_opt = 500 if args.quick else 2000
   t0 = time.perf_counter()
@@ -216,6 +235,8 @@ def main(argv=None) -> dict:
     print(f"  {k:12s} {1e3 * best[k]:8.2f} ms  x{out['step_over_dpsgd'][k]:.3f}  "
           f"state {memory[k]['noise_state_mib']:.1f} MiB")
 
+
+def _accuracy_section(args, out: dict, epsilons, epochs: int) -> None:
   # 1. Accuracy at equal (epsilon, delta).
   data = _load_mnist(args.quick)
   n = len(data[1])
@@ -247,7 +268,32 @@ def main(argv=None) -> dict:
       w = csv.DictWriter(f, fieldnames=list(rows[0]))
       w.writeheader()
       w.writerows(rows)
-  out["load_avg_1min_end"] = os.getloadavg()[0]
+
+
+def summarize(paths) -> dict:
+  """The markdown table of test accuracy (mean and sd over seeds) from benchmark CSVs."""
+  import csv  # pylint: disable=import-outside-toplevel
+  rows = []
+  for path in paths:
+    with open(path, newline="") as f:
+      rows.extend(csv.DictReader(f))
+  cells: dict = {}
+  for r in rows:
+    cells.setdefault((float(r["epsilon"]), r["mechanism"]), []).append(float(r["accuracy"]))
+  eps_list = sorted({e for e, _ in cells})
+  mechs = ("dpsgd", "bandmf", "blt")
+  seeds = len({r["seed"] for r in rows})
+  print(f"| epsilon | DP-SGD | BandMF | BLT | BandMF - DP-SGD | BLT - DP-SGD |  ({seeds} seeds)")
+  print("| --- | --- | --- | --- | --- | --- |")
+  table = {}
+  for e in eps_list:
+    mean = {m: float(np.mean(cells[(e, m)])) for m in mechs}
+    sd = {m: float(np.std(cells[(e, m)], ddof=1)) if len(cells[(e, m)]) > 1 else 0.0
+          for m in mechs}
+    table[str(e)] = {"mean": mean, "sd": sd}
+    print(f"| {e:g} | " + " | ".join(f"{mean[m]:.4f} ± {sd[m]:.4f}" for m in mechs)
+          + f" | {mean['bandmf'] - mean['dpsgd']:+.4f} | {mean['blt'] - mean['dpsgd']:+.4f} |")
+  out = {"seeds": seeds, "accuracy": table}
   print(json.dumps(out))
   return out
 
