@@ -780,7 +780,10 @@ class PrivateSGD:
       digest.update(np.asarray(part).tobytes())
     digest.update(repr((self.noise_multiplier, self.sample_rate, self.sensitivity, self.steps,
                         self.num_examples, self.padded_size, self.unit,
-                        self.neighbouring)).encode())
+                        self.neighbouring, self.min_separation,
+                        self.gradient_noise_multiplier)).encode())
+    if self.noise_strategy is not None:  # the correlated noise must be the same C everywhere
+      digest.update(np.asarray(self.noise_strategy.coefficients(self.steps)).tobytes())
     words = np.frombuffer(digest.digest(), np.int32)  # exact in any dtype setting
     every = np.asarray(multihost_utils.process_allgather(words))
     if not (every == every[0]).all():
