@@ -1084,7 +1084,9 @@ def make_private(
       the strategy's (k, b)-participation sensitivity). ``BandMF.dp_sgd()``
       with ``min_separation=1`` is DP-SGD bit for bit. Host sampling only
       (no ``data=``), add/remove neighbours, no ``checkpoint_dir`` and no
-      ``allow_extra_steps`` (C covers exactly T steps).
+      ``allow_extra_steps`` (C covers exactly T steps). ``sampler(accountant,
+      start_step=s)`` with ``s > 0`` continues a run whose event was already
+      paid (in full, as the first ``sample()`` pays it) and pays nothing.
     min_separation: b, the number of cyclic groups (two participations of one
       example are at least b steps apart); default ``bands`` for BandMF;
       required for BLT.
