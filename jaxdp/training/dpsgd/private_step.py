@@ -82,6 +82,7 @@ import functools
 import hashlib
 import math
 import os
+import warnings
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -966,7 +967,11 @@ class PrivateSGD:
         if label is not None:
           host_labels = batch._host_labels  # pylint: disable=protected-access
           _inputs.check_labels(host_labels, f"gather argument {label} (labels)", classes, kept)
-        params, opt_state, info = self._update(params, state.opt_state, batch.masked)
+        with warnings.catch_warnings():
+          # A correlated-noise step donates its state; under jax.vmap (a batch of runs)
+          # the donated buffers cannot be reused in place, which is harmless.
+          warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+          params, opt_state, info = self._update(params, state.opt_state, batch.masked)
     except (TypeError, ValueError):
       ticket._refused()  # pylint: disable=protected-access  (no-op for a used batch)
       raise
