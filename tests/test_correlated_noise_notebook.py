@@ -1,12 +1,13 @@
 """The correlated-noise notebook (colabs/correlated_noise_bandmf.ipynb): valid, and it runs end
 to end as a user would run it (DP-SGD and BandMF at the same budget, both within it)."""
 
-import os
 import pathlib
 import re
 import warnings
 
 import pytest
+
+import _notebooks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "colabs" / "correlated_noise_bandmf.ipynb"
@@ -31,28 +32,7 @@ def test_correlated_notebook_is_valid_nbformat_with_cell_ids():
 
 
 def _execute(tmp_path, env_data_dir):
-  nbformat = pytest.importorskip("nbformat")
-  nbclient = pytest.importorskip("nbclient")
-  pytest.importorskip("ipykernel")
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  old = os.environ.get("JAXDP_DATA_DIR")
-  try:  # the kernel inherits this process's environment
-    if env_data_dir is None:
-      os.environ.pop("JAXDP_DATA_DIR", None)
-    else:
-      os.environ["JAXDP_DATA_DIR"] = str(env_data_dir)
-    nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
-                            resources={"metadata": {"path": str(tmp_path)}}).execute()
-  finally:
-    if old is None:
-      os.environ.pop("JAXDP_DATA_DIR", None)
-    else:
-      os.environ["JAXDP_DATA_DIR"] = old
-  text = []
-  for cell in nb.cells:
-    for out in cell.get("outputs", []):
-      text.append(out.get("text", "") + str(out.get("data", {}).get("text/plain", "")))
-  return "\n".join(text)
+  return _notebooks.execute(NOTEBOOK, tmp_path, env_data_dir, timeout=900)
 
 
 def _check_output(text, min_accuracy):

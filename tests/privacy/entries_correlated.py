@@ -234,6 +234,8 @@ for _name, _reason in {
         "sigma S s_1 from public numbers (a calibration)",
     "jaxdp.training.correlated.max_participations":
         "ceil(n / b) from public numbers",
+    "jaxdp.training.correlated.accounting.adaptive_gradient_noise_multiplier":
+        "sigma_Delta from public (strategy, sigma, sigma_b, n, b, p): a calibration",
     "jaxdp.training.dpsgd.PrivateSGD.run_event":
         "the DpEvent of the plan's run from public numbers; spends nothing",
 }.items():

@@ -78,15 +78,6 @@ def _checked(strategy, num_steps, min_separation, sample_rate):
   return n, b, p
 
 
-def _untagged_event(noise_multiplier: float, strategy, n: int, b: int, p: float):
-  """dp_accounting's untagged event of the run (for dp_accounting's accountants)."""
-  if analysis(strategy, b, p) == AMPLIFIED:
-    return dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(p, dp_accounting.GaussianDpEvent(noise_multiplier)),
-        _participation.max_participations(n, b))
-  return dp_accounting.GaussianDpEvent(noise_multiplier / run_sensitivity(strategy, n, b))
-
-
 def mf_event(strategy, *, noise_multiplier: float, num_steps: int, min_separation: int,
              sample_rate: float, unit: str = events.DEFAULT_UNIT) -> events.DpEvent:
   """The DpEvent of a whole MF run (module docstring), tagged add/remove per ``unit``.
@@ -109,14 +100,38 @@ def mf_event(strategy, *, noise_multiplier: float, num_steps: int, min_separatio
 
 def mf_epsilon(strategy, *, noise_multiplier: float, num_steps: int, min_separation: int,
                sample_rate: float, delta: float, accountant: str = "rdp") -> float:
-  """Epsilon at ``delta`` of the run's event by dp_accounting's ``"rdp"`` or ``"pld"``."""
+  """Epsilon at ``delta`` of the run's event (:func:`mf_event`) by dp_accounting's ``"rdp"`` or ``"pld"``."""
   n, b, p = _checked(strategy, num_steps, min_separation, sample_rate)
   sigma = _validation.check_positive(noise_multiplier, "noise_multiplier")
   delta = _validation.check_delta(delta, allow_zero=False)
   dpsgd_accounting.check_relation_and_accountant(events.ADD_REMOVE, accountant)
   acc = dpsgd_accounting.make_accountant(accountant)
-  acc.compose(_untagged_event(sigma, strategy, n, b, p))
+  acc.compose(mf_event(strategy, noise_multiplier=sigma, num_steps=n, min_separation=b,
+                       sample_rate=p))
   return float(acc.get_epsilon(delta))
+
+
+def adaptive_gradient_noise_multiplier(strategy, *, noise_multiplier: float,
+                                       count_noise_multiplier: float, num_steps: int,
+                                       min_separation: int, sample_rate: float) -> float:
+  """sigma_Delta of the gradient stream when adaptive clipping's counts share the run's sigma.
+
+  Andrew et al. 2021 Theorem 1 (whitening; :mod:`jaxdp.training.dpsgd.adaptive_clipping`):
+
+  * amplified: each round is a sampled Gaussian of the block of ``C x + z`` and
+    that step's count, so ``sigma^-2 = sigma_Delta^-2 + (2 sigma_b)^-2`` as in DP-SGD;
+  * deterministic: the run is one Gaussian with ``r = sens_{k,b}(C) / s_1`` and k
+    counts, ``r^2 / sigma^2 = r^2 / sigma_Delta^2 + k / (2 sigma_b)^2``, i.e.
+    ``sigma_Delta = r * gradient_noise_multiplier(sigma / r, sigma_b, participations=k)``.
+  """
+  from jaxdp.training.dpsgd import adaptive_clipping  # pylint: disable=g-import-not-at-top
+  n, b, p = _checked(strategy, num_steps, min_separation, sample_rate)
+  if analysis(strategy, b, p) == AMPLIFIED:
+    return adaptive_clipping.gradient_noise_multiplier(noise_multiplier, count_noise_multiplier)
+  ratio = run_sensitivity(strategy, n, b)
+  return ratio * adaptive_clipping.gradient_noise_multiplier(
+      noise_multiplier / ratio, count_noise_multiplier,
+      participations=_participation.max_participations(n, b))
 
 
 def calibrate_mf_noise_multiplier(target_epsilon: float, delta: float, strategy, *,
@@ -168,5 +183,5 @@ def steps_for_epochs(epochs: float, sample_rate: float, min_separation: int) -> 
   return int(math.ceil(epochs / (p / b)))
 
 
-__all__ = ["AMPLIFIED", "DETERMINISTIC", "analysis", "calibrate_mf_noise_multiplier",
+__all__ = ["AMPLIFIED", "DETERMINISTIC", "adaptive_gradient_noise_multiplier", "analysis", "calibrate_mf_noise_multiplier",
            "mf_epsilon", "mf_event", "run_sensitivity", "steps_for_epochs"]

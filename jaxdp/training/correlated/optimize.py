@@ -155,7 +155,7 @@ def _lbfgs(value_and_grad, x0, max_iterations, tol):
   x = np.asarray(res.x, np.float64)
   if not np.all(np.isfinite(x)):
     raise RuntimeError("strategy optimisation diverged (non-finite parameters).")
-  return x, math.exp(float(res.fun))
+  return x
 
 
 def optimize_bandmf(num_steps, bands, *, momentum=0.0, learning_rates=None, max_participations=1,
@@ -201,7 +201,7 @@ def optimize_bandmf(num_steps, bands, *, momentum=0.0, learning_rates=None, max_
     kw = dict(n=n, beta=beta, kind=error, steps=steps)
     scale = float(_bandmf_value_and_grad(jnp.asarray(x0), eta_j, 1.0, **kw)[0])
     vg = lambda x: _bandmf_value_and_grad(x, eta_j, scale, **kw)
-    x, _ = _lbfgs(vg, x0, max_iterations, tol)
+    x = _lbfgs(vg, x0, max_iterations, tol)
   return BandMF(np.concatenate([[1.0], x]))
 
 
@@ -290,7 +290,7 @@ def optimize_blt(num_steps, buffers, *, momentum=0.0, learning_rates=None, max_p
     kw = dict(n=n, buffers=buffers, beta=beta, kind=error, steps=steps)
     scale = float(_blt_value_and_grad(jnp.asarray(p0), eta_j, 1.0, **kw)[0])
     vg = lambda p: _blt_value_and_grad(p, eta_j, scale, **kw)
-    p, _ = _lbfgs(vg, p0, max_iterations, tol)
+    p = _lbfgs(vg, p0, max_iterations, tol)
     theta, omega = (np.asarray(a, np.float64) for a in _blt_params(jnp.asarray(p), buffers))
   theta = np.clip(theta, np.finfo(np.float64).tiny, 1.0 - np.finfo(np.float64).epsneg)
   return BLT(theta, omega)

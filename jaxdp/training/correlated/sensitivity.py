@@ -67,23 +67,17 @@ import math
 import numpy as np
 
 from jaxdp import _validation
+from jaxdp.training.correlated.participation import max_participations  # ceil(n / b)
 
 _BLOCK_ROWS = 256
 _DENSE_GRAM_MAX_N = 4096  # X as one n x n float64 array up to this n (128 MiB)
-
-
-def max_participations(num_steps, min_separation) -> int:
-  """Largest number of steps, pairwise at least ``min_separation`` apart, in ``num_steps``: ``ceil(n / b)``."""
-  n = _validation.check_positive_int(num_steps, "num_steps")
-  b = _validation.check_positive_int(min_separation, "min_separation")
-  return -(-n // b)
 
 
 def _check_participation(num_steps, max_participations_, min_separation) -> tuple[int, int, int]:
   n = _validation.check_positive_int(num_steps, "num_steps")
   k = _validation.check_positive_int(max_participations_, "max_participations")
   b = _validation.check_positive_int(min_separation, "min_separation")
-  return n, min(k, -(-n // b)), b
+  return n, min(k, max_participations(n, b)), b
 
 
 def _strategy_coefficients(strategy, n: int) -> np.ndarray:

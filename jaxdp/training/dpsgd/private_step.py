@@ -1215,15 +1215,12 @@ def make_private(
   if adaptive is not None:
     # Andrew et al. 2021 Thm 1: gradient and count noise together cost sigma (whitening).
     count_sigma = adaptive.resolved_count_noise_multiplier(expected)
-    if (noise_strategy is not None and correlated.accounting.analysis(
-        noise_strategy, b, q) == correlated.accounting.DETERMINISTIC):
-      # One Gaussian for the run: sens_C^2 / sigma_Delta^2 + k / (2 sigma_b)^2 = r^2 / sigma^2.
-      ratio = correlated.accounting.run_sensitivity(noise_strategy, t_planned, b)
-      grad_sigma = ratio * adaptive_clipping.gradient_noise_multiplier(
-          sigma / ratio, count_sigma,
-          participations=correlated.max_participations(t_planned, b)) if sigma > 0 else 0.0
-    else:
+    if noise_strategy is None:
       grad_sigma = adaptive_clipping.gradient_noise_multiplier(sigma, count_sigma)
+    else:
+      grad_sigma = correlated.accounting.adaptive_gradient_noise_multiplier(
+          noise_strategy, noise_multiplier=sigma, count_noise_multiplier=count_sigma,
+          num_steps=t_planned, min_separation=b, sample_rate=q)
   checkpointer = None
   if checkpoint_dir is not None:
     fingerprint = {
@@ -1236,7 +1233,8 @@ def make_private(
     if checkpoint_every is None:
       checkpoint_every = max(1, t_planned // 10)
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
-  grad_key = noise_key if adaptive is None else jax.random.split(noise_key)[1]
+  # Adaptive clipping: the count noise and the gradient noise get disjoint halves of the key.
+  count_key, grad_key = (None, noise_key) if adaptive is None else jax.random.split(noise_key)
   if noise_strategy is None:
     noise_tx = transforms.noisy_aggregate(grad_sigma, sensitivity, expected, grad_key)
   else:
@@ -1244,7 +1242,7 @@ def make_private(
                                            expected, grad_key)
   if adaptive is not None:
     noise_tx = adaptive_clipping.adaptive_clip_noise(
-        noise_tx, adaptive, expected_batch_size=expected, key=jax.random.split(noise_key)[0],
+        noise_tx, adaptive, expected_batch_size=expected, key=count_key,
         count_noise_multiplier=count_sigma)
   tx = optax.chain(noise_tx, base)
 
