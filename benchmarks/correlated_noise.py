@@ -19,7 +19,7 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
      the (k, b)-participation sensitivity.
 
    The strategies are optimised for the SGD-with-momentum workload
-   (``jaxdp.training.correlated.optimize_bandmf`` / ``optimize_blt``).
+   (``jaxdp.dpsgd.correlated.optimize_bandmf`` / ``optimize_blt``).
 2. **Step time and memory**: one jitted private step (clipped gradient sum +
    noise transform + SGD) with ``noisy_aggregate`` vs ``correlated_noise``
    (BandMF with 64 bands, BLT with 4 buffers) on the MLP 784-512-512-10 and
@@ -51,9 +51,10 @@ import optax
 
 from jaxdp import models
 from jaxdp.accounting import PrivacyAccountant, dpsgd_accounting
-from jaxdp.training import correlated, dpsgd
-from jaxdp.training.correlated import optimize
-from jaxdp.training.dpsgd import clipping, transforms
+from jaxdp import dpsgd
+from jaxdp.dpsgd import correlated
+from jaxdp.dpsgd.correlated import optimize
+from jaxdp.dpsgd import clipping, transforms
 
 CLIP = 1.0
 DELTA = 1e-5

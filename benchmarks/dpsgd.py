@@ -7,7 +7,7 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
    Gaussian noise, clip 1, sigma 1, SGD) for each clipping method of
    ``clipped_grad``: ``vmap`` (materialised per-example gradients),
    ``reweight`` (vmapped norms + one reweighted backward pass), ``ghost``
-   (ghost norms + book-keeping, ``jaxdp.training.dpsgd.ghost_norms``).
+   (ghost norms + book-keeping, ``jaxdp.dpsgd.ghost_norms``).
 2. The same models, batch, clip and noise in Opacus (non-private, hook-based
    ``GradSampleModule`` + ``DPOptimizer``, and ghost clipping
    ``grad_sample_mode="ghost"``) on CPU (``--opacus-device=cuda`` on a GPU machine, where
@@ -50,7 +50,7 @@ import numpy as np
 import optax
 
 from jaxdp import models
-from jaxdp.training.dpsgd import clipping, transforms
+from jaxdp.dpsgd import clipping, transforms
 
 CLIP = 1.0
 SIGMA = 1.0
@@ -113,7 +113,7 @@ def loop_steps(name: str, batch: int, num_examples: int, total_steps: int,
 
   * ``loop_device``: ``private.step(params, state, sampler.sample())`` with
     ``sampler(data=(x, y))``: Poisson sampling, gather, clipped gradient,
-    noise and update in one jitted call (``jaxdp.training.dpsgd.device_sampling``);
+    noise and update in one jitted call (``jaxdp.dpsgd.device_sampling``);
   * ``loop_host``: the host path, ``sampler.sample().gather(x, y)`` then ``step``;
   * ``bare_padded``: the same jitted clipped-gradient + noise + update on a batch
     already on the device, of the plan's static size P (the binomial bound);
@@ -121,7 +121,7 @@ def loop_steps(name: str, batch: int, num_examples: int, total_steps: int,
     ``bare_padded / bare_expected`` is the cost of the overflow padding.
   """
   from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
-  from jaxdp.training.dpsgd import make_per_example_loss, make_private  # pylint: disable=import-outside-toplevel
+  from jaxdp.dpsgd import make_per_example_loss, make_private  # pylint: disable=import-outside-toplevel
   model, x_shape = _model(name)
   rng = np.random.default_rng(0)
   x = rng.normal(size=(num_examples,) + x_shape).astype(np.float32)

@@ -50,7 +50,7 @@ def _worker(args: argparse.Namespace) -> None:
   import optax  # pylint: disable=g-import-not-at-top
   from jaxdp import models  # pylint: disable=g-import-not-at-top
   from jaxdp.accounting.accountant import PrivacyAccountant  # pylint: disable=g-import-not-at-top
-  from jaxdp.training.dpsgd import make_private, multihost  # pylint: disable=g-import-not-at-top
+  from jaxdp.dpsgd import make_private, multihost  # pylint: disable=g-import-not-at-top
 
   multihost.initialize(args.coordinator, num_processes=args.num_processes,
                        process_id=args.process_id)
@@ -109,7 +109,7 @@ def main() -> None:
     _worker(args)
     return
 
-  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests/training/dpsgd"))
+  sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests/dpsgd"))
   import _multihost_launch  # pylint: disable=g-import-not-at-top
   results = {"benchmark": "dpsgd_multihost", "model": "mlp 784-512-512-10",
              "num_examples": N, "expected_batch_size": BATCH, "steps_per_round": args.steps,

@@ -34,8 +34,8 @@ import time
 
 import numpy as np
 
-from jaxdp.training.correlated import optimize
-from jaxdp.training.correlated import strategies
+from jaxdp.dpsgd.correlated import optimize
+from jaxdp.dpsgd.correlated import strategies
 
 N = 2000
 

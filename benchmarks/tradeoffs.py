@@ -9,8 +9,8 @@
 2. **Batched vs one call per draw**, on the same data, for the two methods that
    solve one problem per draw:
 
-   * DP-SGD: ``M`` runs of :func:`jaxdp.training.dpsgd.linear_dpsgd` in one call
-     vs the library's general Flax loop (:func:`jaxdp.training.dpsgd.train_dpsgd`,
+   * DP-SGD: ``M`` runs of :func:`jaxdp.dpsgd.linear_dpsgd` in one call
+     vs the library's general Flax loop (:func:`jaxdp.dpsgd.train_dpsgd`,
      ``LinearClassifier``, same epochs, batch size, clip, learning rate) run
      ``--loop-draws`` times and extrapolated to ``M`` (labelled);
    * loss perturbation: ``M`` keys in one ``loss_perturbation`` call vs
@@ -21,7 +21,7 @@
    one Opacus 1.x run per grad-sample mode (``hooks``, ``ghost`` clipping) in its own venv
    (``--torch-python`` or ``$JAXDP_OPACUS_PYTHON``, default
    ``/work/opacus-venv/bin/python``; torch never enters jaxdp's environment) vs one
-   :func:`~jaxdp.training.dpsgd.linear_dpsgd` run (warm; given the noise multiplier, as
+   :func:`~jaxdp.dpsgd.linear_dpsgd` run (warm; given the noise multiplier, as
    Opacus is; also timed with its epsilon-to-noise calibration) and the per-run time of
    ``M`` runs in one call; test accuracies side by side as a check that both train the
    same model.
@@ -52,7 +52,8 @@ import optax
 
 from jaxdp import data as jdata
 from jaxdp import models
-from jaxdp.training import dpsgd, objective_perturbation
+from jaxdp import dpsgd
+from jaxdp.training import objective_perturbation
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxdp
-from jaxdp import accounting, audit, data, mechanisms, prediction, training
+from jaxdp import accounting, audit, data, dpsgd, mechanisms, prediction, training
 from jaxdp.models import MLP
 
 print("jaxdp", jaxdp.__version__, "on", jax.devices())
@@ -76,13 +76,13 @@ print("batched weights:", batch.weights.shape)
 # ## 4. DP-SGD for a Flax model
 
 # %%
-result = training.dpsgd.train_dpsgd(
+result = dpsgd.train_dpsgd(
     MLP(hidden_sizes=(64,), num_classes=10, activation=jnp.tanh), ds.x_train, ds.y_train,
     key=jax.random.key(3), epochs=5, l2_clip_norm=1.0, delta=1e-5, expected_batch_size=128,
     target_epsilon=3.0, learning_rate=0.5)
 mlp_apply = lambda params, x: MLP(hidden_sizes=(64,), num_classes=10,
                                   activation=jnp.tanh).apply({"params": params}, x)
-dpsgd_acc = training.dpsgd.accuracy(mlp_apply, result.params, ds.x_test, ds.y_test)
+dpsgd_acc = dpsgd.accuracy(mlp_apply, result.params, ds.x_test, ds.y_test)
 print(f"DP-SGD: noise multiplier {result.noise_multiplier:.3f}, eps {result.epsilon:.3f} "
       f"after {result.steps} steps; test accuracy {dpsgd_acc:.3f}")
 

@@ -14,7 +14,7 @@ Runs on a GPU (CPU works for the smoke test on random data). Usage::
 
 Both methods at ``delta = 1e-5`` (the paper's Fig. 7):
 
-* DP-SGD (:func:`jaxdp.training.dpsgd.make_private`): ResNet-20 with GroupNorm
+* DP-SGD (:func:`jaxdp.dpsgd.make_private`): ResNet-20 with GroupNorm
   (:class:`jaxdp.models.ResNet20`), SGD with momentum, expected batch 600
   (Poisson sampling, as the RDP accountant assumes -- not fixed-size shuffled
   batches), learning rate 0.1 divided by 10 three times at equally spaced
@@ -63,7 +63,7 @@ from jaxdp import prediction as jpred
 from jaxdp.accounting import PrivacyAccountant
 from jaxdp.accounting.dpsgd_accounting import steps_for_epochs
 from jaxdp.mechanisms import noise_scale_as
-from jaxdp.training import dpsgd
+from jaxdp import dpsgd
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "tradeoffs_fig7.py"
 # Public per-channel constants of CIFAR-10 (not computed from the private data).
@@ -148,7 +148,7 @@ def _predict(model, params, x, batch=1000):
 
 
 def make_dpsgd_resnet(key, x, y, eps, clip, config, checkpoint_dir=None):
-  """ResNet-20 parameters, the wired :class:`~jaxdp.training.dpsgd.PrivateSGD` and its plan.
+  """ResNet-20 parameters, the wired :class:`~jaxdp.dpsgd.PrivateSGD` and its plan.
 
   With ``checkpoint_dir`` the plan checkpoints every ``config.dpsgd.checkpoint_every``
   steps (0: once per epoch) and resumes from the directory.

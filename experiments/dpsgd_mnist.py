@@ -23,7 +23,7 @@ from ml_collections import config_flags
 from jaxdp import data as jdata
 from jaxdp import results_io
 from jaxdp import models
-from jaxdp.training import dpsgd
+from jaxdp import dpsgd
 
 CONFIG_FILE = pathlib.Path(__file__).resolve().parents[1] / "configs" / "dpsgd_mnist.py"
 _CONFIG = config_flags.DEFINE_config_file("config", str(CONFIG_FILE), "experiment config")

@@ -52,7 +52,7 @@ def parse(argv):
 def main(argv=None) -> dict:
   args = parse(argv)
   import jax  # pylint: disable=import-outside-toplevel
-  from jaxdp.training.dpsgd import multihost  # pylint: disable=import-outside-toplevel
+  from jaxdp.dpsgd import multihost  # pylint: disable=import-outside-toplevel
   if args.coordinator_address or args.num_processes:
     multihost.initialize(args.coordinator_address, args.num_processes, args.process_id,
                          local_device_ids=None if args.local_device is None
@@ -63,7 +63,7 @@ def main(argv=None) -> dict:
   from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel
   from jaxdp import data as jdata, models  # pylint: disable=import-outside-toplevel
   from jaxdp.accounting import PrivacyBudget  # pylint: disable=import-outside-toplevel
-  from jaxdp.training.dpsgd import make_per_example_loss, make_private  # pylint: disable=import-outside-toplevel
+  from jaxdp.dpsgd import make_per_example_loss, make_private  # pylint: disable=import-outside-toplevel
 
   out = pathlib.Path(args.out_dir).absolute()
   ds = jdata.load("digits")

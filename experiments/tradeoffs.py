@@ -21,7 +21,7 @@ Five private methods on a multiclass linear (softmax) model, each for a total
   - ``dpsgd``: DP-SGD (Sec. 3.1, Eq. 4; delta > 0 only), Poisson sampling
     (RDP accountant under add/remove, PLD under replace-one), per-example
     clipping of the WHOLE gradient
-    (:func:`jaxdp.training.dpsgd.linear_dpsgd`), no L2 regularisation (Sec. 4.1);
+    (:func:`jaxdp.dpsgd.linear_dpsgd`), no L2 regularisation (Sec. 4.1);
 
 * private PREDICTION (noise calibrated to B answers):
 
@@ -131,7 +131,7 @@ from jaxdp import data as jdata
 from jaxdp import prediction as jpred
 from jaxdp import results_io
 from jaxdp.mechanisms import noise_scale_as
-from jaxdp.training import dpsgd as jdpsgd
+from jaxdp import dpsgd as jdpsgd
 from jaxdp.training import selection as jselection
 
 _HERE = pathlib.Path(__file__).resolve().parent

@@ -3,8 +3,9 @@
 Subpackages (imported on first attribute access, so ``import jaxdp`` stays cheap):
 ``accounting`` (events, composition, one shared accountant and budgets),
 ``mechanisms`` (noise mechanisms as pure functions of a key), ``data``
-(offline datasets and preprocessing), ``training`` (private linear models,
-DP-SGD), ``models`` (Flax models), ``prediction`` (private prediction with
+(offline datasets and preprocessing), ``training`` (private linear models:
+ERM, output and objective perturbation), ``dpsgd`` (DP-SGD and correlated-noise
+training), ``models`` (Flax models), ``prediction`` (private prediction with
 enforced budgets), ``multiparty`` (a private global classifier from M parties'
 local classifiers), ``inference`` (private confidence intervals for ERM),
 ``audit`` (empirical privacy auditing), ``classic`` (the survey's classic models:
@@ -95,8 +96,8 @@ def enable_compilation_cache(cache_dir: str | os.PathLike | None = None, *,
   return cache_dir
 
 
-_SUBPACKAGES = ("accounting", "audit", "classic", "data", "inference", "mechanisms", "models",
-                "multiparty", "prediction", "training")
+_SUBPACKAGES = ("accounting", "audit", "classic", "data", "dpsgd", "inference", "mechanisms",
+                "models", "multiparty", "prediction", "training")
 
 
 def __getattr__(name):

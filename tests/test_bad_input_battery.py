@@ -1,6 +1,6 @@
 """A battery of bad inputs across the public API (at least 80 cases).
 
-DP-SGD (``tests/training/dpsgd/test_input_checks.py``) and the training
+DP-SGD (``tests/dpsgd/test_input_checks.py``) and the training
 estimators (``tests/training/test_sklearn_compat.py``) have their own. Here:
 ``jaxdp.classic`` (estimators and quantiles), ``jaxdp.inference``
 (confidence intervals), ``jaxdp.multiparty``, ``jaxdp.mechanisms``,
@@ -28,7 +28,7 @@ import dp_accounting
 
 from jaxdp import classic, mechanisms, multiparty
 from jaxdp.accounting import PrivacyAccountant, dpsgd_accounting, events
-from jaxdp.training import dpsgd
+from jaxdp import dpsgd
 from jaxdp.inference import confidence_intervals
 from jaxdp.prediction import PredictionSensitivityPredictor, calibrate_prediction_sensitivity
 

@@ -102,8 +102,8 @@ from jaxdp.prediction import subsample_aggregate  # noqa: E402
 from jaxdp.training import functional_mechanism  # noqa: E402
 from jaxdp.training import objective_perturbation  # noqa: E402
 from jaxdp.training import output_perturbation  # noqa: E402
-from jaxdp.training.dpsgd import sampling  # noqa: E402
-from jaxdp.training.dpsgd import transforms  # noqa: E402
+from jaxdp.dpsgd import sampling  # noqa: E402
+from jaxdp.dpsgd import transforms  # noqa: E402
 
 _KEY = jax.random.key(0)
 

@@ -31,9 +31,9 @@ ratio ``sum_t log(1 - q + q exp(...))`` (the optimal test for the T
 independent steps), which for q = 1 is monotone in the sum of projections.
 
 The trials run the library's own pieces: ``clipped_grad_fn`` (e.g.
-:func:`jaxdp.training.dpsgd.clipping.clipped_grad`) computes the masked,
+:func:`jaxdp.dpsgd.clipping.clipped_grad`) computes the masked,
 clipped gradient sum, and ``aggregate`` (default
-:func:`jaxdp.training.dpsgd.transforms.noisy_aggregate`) adds the noise, T
+:func:`jaxdp.dpsgd.transforms.noisy_aggregate`) adds the noise, T
 times per trial from one trial key, vmapped over trials.
 """
 
@@ -106,7 +106,7 @@ def canary_mechanism(
   ``sum_t log(1 - q + q exp((shift (p_t - offset) - shift^2 / 2) / s^2))``.
   """
   if aggregate is None:
-    from jaxdp.training.dpsgd.transforms import noisy_aggregate as aggregate  # pylint: disable=g-import-not-at-top
+    from jaxdp.dpsgd.transforms import noisy_aggregate as aggregate  # pylint: disable=g-import-not-at-top
   sens = getattr(clipped_grad_fn, "sensitivity", None) if l2_sensitivity is None else l2_sensitivity
   if sens is None:
     raise ValueError("l2_sensitivity is required when clipped_grad_fn has no .sensitivity attribute.")
@@ -197,7 +197,7 @@ def dpsgd_canary_audit(
       deliberately wrong calibration).
     aggregate: noise-transform factory ``(noise_multiplier, l2_sensitivity,
       expected_batch_size, key) -> optax.GradientTransformation``; default
-      :func:`jaxdp.training.dpsgd.transforms.noisy_aggregate`.
+      :func:`jaxdp.dpsgd.transforms.noisy_aggregate`.
     claimed_epsilon: epsilon the accountant claims for these T steps (e.g.
       ``jaxdp.accounting.dpsgd_accounting.dpsgd_epsilon(sigma, 1.0, T, delta)``).
     delta: the accountant's delta.

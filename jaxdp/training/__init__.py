@@ -1,4 +1,14 @@
-from jaxdp.training import dpsgd
+"""Private linear models: ERM by L-BFGS, output and objective (loss) perturbation, functional mechanism.
+
+DP-SGD and correlated-noise training live in :mod:`jaxdp.dpsgd`. The old paths
+``jaxdp.training.dpsgd`` and ``jaxdp.training.correlated`` remain importable for
+one release as aliases of :mod:`jaxdp.dpsgd` and :mod:`jaxdp.dpsgd.correlated`
+(the same module objects).
+"""
+
+import importlib as _importlib
+
+from jaxdp import dpsgd
 from jaxdp.training import estimators, functional_mechanism, lbfgs, linear, linear_losses
 from jaxdp.training import objective_perturbation, output_perturbation, selection
 from jaxdp.training.estimators import PrivateLinearClassifier, PrivateLogisticRegression
@@ -27,3 +37,12 @@ from jaxdp.training.output_perturbation import (
 )
 from jaxdp.training.output_perturbation import output_perturbation as output_perturbation_fit
 from jaxdp.training.selection import private_argmax, private_argmax_event
+
+
+_ALIASES = {"dpsgd": "jaxdp.training.dpsgd", "correlated": "jaxdp.training.correlated"}
+
+
+def __getattr__(name):
+  if name in _ALIASES:
+    return _importlib.import_module(_ALIASES[name])
+  raise AttributeError(f"module 'jaxdp.training' has no attribute {name!r}")

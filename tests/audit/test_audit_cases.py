@@ -10,7 +10,7 @@ import pytest
 from jaxdp import audit
 from jaxdp import mechanisms
 from jaxdp.prediction import subsample_aggregate as sa
-from jaxdp.training.dpsgd import clipping
+from jaxdp.dpsgd import clipping
 
 
 def test_scalar_query_pair_is_at_sensitivity_distance():

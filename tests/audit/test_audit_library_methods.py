@@ -22,7 +22,7 @@ from jaxdp.training import functional_mechanism as fm
 from jaxdp.training import linear
 from jaxdp.training import objective_perturbation as op
 from jaxdp.training import output_perturbation as outp
-from jaxdp.training.dpsgd import clipping
+from jaxdp.dpsgd import clipping
 
 TRIAL_BATCH = 5_000  # one compiled batch shape per test
 

@@ -229,7 +229,7 @@ def _check_cifar_resume(tmp_path, experiment, epochs, batch, every, crash_after)
 def test_cifar_dpsgd_resumes_from_its_checkpoint(tmp_path, monkeypatch):
   # Fig. 7 test's plan (32 examples, q = 4/32, 2 steps: one compiled step for both tests);
   # the crash comes after the checkpoint of step 1. Always on: the same resume of a
-  # make_private run in tests/training/dpsgd/test_private_step_checkpoints.py.
+  # make_private run in tests/dpsgd/test_private_step_checkpoints.py.
   experiment = _load("experiments/cifar_tradeoffs.py")
   _tiny_resnet(experiment, monkeypatch)
   _check_cifar_resume(tmp_path, experiment, epochs=0.25, batch=4, every=1, crash_after=1)

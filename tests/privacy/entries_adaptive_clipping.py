@@ -1,4 +1,4 @@
-"""Conformance entries of adaptive clipping (``jaxdp.training.dpsgd.adaptive_clipping``).
+"""Conformance entries of adaptive clipping (``jaxdp.dpsgd.adaptive_clipping``).
 
 One update of adaptive clipping (Andrew, Thakkar, McMahan & Ramaswamy 2021,
 Algorithm 1) releases two things computed from the batch:
@@ -42,10 +42,10 @@ duplicated row and a removed row.
 
 Entries:
 
-* ``jaxdp.training.dpsgd.adaptive_noisy_aggregate``: the joint whitened pair
+* ``jaxdp.dpsgd.adaptive_noisy_aggregate``: the joint whitened pair
   at ``sigma_b = 2`` (count noise given explicitly); replay, noise scale and
   the audit (projection on the worst-case example's whitened direction).
-* ``jaxdp.training.dpsgd.adaptive_clip_noise[part=count]``: the transform
+* ``jaxdp.dpsgd.adaptive_clip_noise[part=count]``: the transform
   around ``noisy_aggregate`` (built here with the sigma_Delta of the theorem)
   at the default count noise ``sigma_b = q N / 20 = 0.8``, seen through the
   noisy count alone: in the joint vector the count is 1 coordinate of 13, so
@@ -54,7 +54,7 @@ Entries:
   alone is the Gaussian mechanism with ``mu = 1 / (2 sigma_b)``, the claim its
   audit is held to). The gradient half of the same transform is the joint
   entry's (``adaptive_noisy_aggregate`` calls ``adaptive_clip_noise``).
-* ``jaxdp.training.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]``:
+* ``jaxdp.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]``:
   one step of a ``make_private`` plan (q = 1, ``noise_multiplier=sigma``,
   ``sigma_b = 2`` in the config): the plan splits sigma into sigma_Delta and
   sigma_b itself, so the same whitened pair (sigma_Delta of the theorem
@@ -173,7 +173,7 @@ _ROWS = 17  # the largest dataset of the pairs
 
 
 def _config(sigma_b):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   return dpsgd.AdaptiveClipNorm(initial=C0, target_quantile=GAMMA, learning_rate=ETA,
                                 count_noise_multiplier=sigma_b)
 
@@ -181,7 +181,7 @@ def _config(sigma_b):
 @functools.lru_cache(maxsize=None)
 def _clipped_fn():
   """Jitted normalised clipped sum and the two counts of its info (clip norm traced)."""
-  from jaxdp.training.dpsgd import adaptive_clipping as ac
+  from jaxdp.dpsgd import adaptive_clipping as ac
 
   def fn(w, x, y, mask, clip):
     grad_fn = ac.adaptive_clipped_grad(dp._per_example_loss, clip,  # pylint: disable=protected-access
@@ -206,7 +206,7 @@ def _one_update(tx, data):
   The count goes through ``centered_unclipped_count`` outside the jit (looked up at call
   time, so a patched helper is used).
   """
-  from jaxdp.training.dpsgd import adaptive_clipping as ac
+  from jaxdp.dpsgd import adaptive_clipping as ac
   w0 = jnp.zeros((data["x"].shape[1], dp.K), jnp.float32)
   state = tx.init(w0)
   x, y, mask = _padded(data)
@@ -228,14 +228,14 @@ def _key_bits(state):
 
 
 def _joint_release(key, data):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   tx = dpsgd.adaptive_noisy_aggregate(_config(SIGMA_B), noise_multiplier=SIGMA,
                                       expected_batch_size=QN, key=key)
   return _one_update(tx, data)
 
 
 def _count_release(key, data):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   # The inner key is split off the release key as a user would; with key=None the inner
   # gets a fixed key so that the refusal checked is adaptive_clip_noise's own.
   k_b, k_g = (None, jax.random.key(0)) if key is None else jax.random.split(key)
@@ -298,7 +298,7 @@ _NO_CHARGE = ("an optax transform spends nothing: the caller's accountant pays e
               "DP-SGD step of noise multiplier sigma (Andrew et al. 2021 Thm 1)")
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.adaptive_noisy_aggregate",
+    name="jaxdp.dpsgd.adaptive_noisy_aggregate",
     family=FAMILY, neighbouring="add_remove", unit="example",
     guarantee=("(eps, delta)-DP for add/remove of one example per update: the normalised clipped "
                "sum (sensitivity 1, std sigma_Delta) and the centered unclipped count "
@@ -324,7 +324,7 @@ def _count_vector(out) -> np.ndarray:
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.adaptive_clip_noise[part=count]",
+    name="jaxdp.dpsgd.adaptive_clip_noise[part=count]",
     family=FAMILY, neighbouring="add_remove", unit="example",
     guarantee=("the noisy centered unclipped count alone (recovered from the next clip norm): "
                "Gaussian mechanism of sensitivity 1/2 and std sigma_b = q N / 20 (Andrew et al. "
@@ -371,7 +371,7 @@ class PlanStep(NamedTuple):
 
 
 def _make_private_step(key, data, accountant) -> PlanStep:
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   n = len(data["y"])
   loss = dp._per_example_loss  # pylint: disable=protected-access
   private = dpsgd.make_private(
@@ -391,7 +391,7 @@ def _make_private_release(key, data) -> PlanStep:
 
 def plan_vector(out: PlanStep) -> np.ndarray:
   """The whitened pair ``(C_0^-1 params / sigma_Delta, noisy count / sigma_b)`` (float64)."""
-  from jaxdp.training.dpsgd import adaptive_clipping as ac
+  from jaxdp.dpsgd import adaptive_clipping as ac
   noisy_sum = np.asarray(out.params, np.float64).reshape(-1) / C0
   count = count_from_clip_norm(ac.current_clip_norm(out.state.opt_state),
                                float(out.expected_batch_size))
@@ -399,7 +399,7 @@ def plan_vector(out: PlanStep) -> np.ndarray:
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]",
+    name="jaxdp.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]",
     family=FAMILY, neighbouring="add_remove", unit="example",
     guarantee=("(eps, delta)-DP for add/remove of one example: one step of the plan (q = 1) "
                "releases the normalised clipped sum (sensitivity 1, std sigma_Delta) and the "
@@ -430,11 +430,11 @@ reg.register(reg.ReleasePoint(
 
 # -- declared: public adaptive-clipping callables that release nothing themselves ----------
 
-_AC = "jaxdp.training.dpsgd.adaptive_clipping."
+_AC = "jaxdp.dpsgd.adaptive_clipping."
 for _name, _reason in {
-    "jaxdp.training.dpsgd.AdaptiveClipNorm":
+    "jaxdp.dpsgd.AdaptiveClipNorm":
         "the public configuration (C_0, gamma, eta, sigma_b); reads no data",
-    "jaxdp.training.dpsgd.AdaptiveClipState":
+    "jaxdp.dpsgd.AdaptiveClipState":
         "the transform's state record; its clip_norm is a function of the noisy counts only "
         "(checked by the no_nonprivate check of the adaptive_noisy_aggregate entry, which "
         "returns it)",

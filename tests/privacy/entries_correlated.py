@@ -1,4 +1,4 @@
-"""Conformance entries of correlated-noise training (``jaxdp.training.correlated``).
+"""Conformance entries of correlated-noise training (``jaxdp.dpsgd.correlated``).
 
 The matrix-factorization mechanism releases ``C x + z`` (Denisov et al. 2022;
 Choquette-Choo et al. 2023); training sees ``x_t + (C^{-1} z)_t``, and
@@ -45,7 +45,7 @@ _DIVISOR = 16.0
 
 
 def _strategies():
-  from jaxdp.training import correlated
+  from jaxdp.dpsgd import correlated
   return {"BandMF": correlated.BandMF(np.array([1.0, 0.6])),
           "BLT": correlated.BLT(np.array([0.7]), np.array([0.5]))}
 
@@ -114,7 +114,7 @@ def _flat_stack(outs) -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def _clipped_sum_fn():
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   fn = dpsgd.clipped_grad(_linear_loss, l2_clip_norm=dp.CLIP, batch_argnums=(1, 2),
                           method="vmap")
   return jax.jit(lambda w, x, y: fn(w, x, y)[0])
@@ -122,7 +122,7 @@ def _clipped_sum_fn():
 
 def _transform_release(name, key, data):
   """T updates of ``correlated_noise`` on the clipped sum, times the divisor: ``x + C^{-1} z``."""
-  from jaxdp.training import correlated
+  from jaxdp.dpsgd import correlated
   w0 = jnp.zeros((data["x"].shape[1], dp.K), jnp.float32)
   grad_sum = _clipped_sum_fn()(w0, jnp.asarray(data["x"]), jnp.asarray(data["y"]))
   tx = correlated.correlated_noise(_strategies()[name], T, dp.SIGMA, dp.CLIP, _DIVISOR, key)
@@ -155,7 +155,7 @@ _TRANSFORM_GUARANTEE = ("(eps, delta)-DP for add/remove of one example taking pa
 
 for _name in ("BandMF", "BLT"):
   reg.register(reg.ReleasePoint(
-      name=f"jaxdp.training.correlated.correlated_noise[{_name}]",
+      name=f"jaxdp.dpsgd.correlated.correlated_noise[{_name}]",
       family=FAMILY, neighbouring="add_remove", unit="example",
       guarantee=_TRANSFORM_GUARANTEE, epsilon=_epsilon(_name), delta=dp.DELTA, pairs=_pairs,
       release=functools.partial(_transform_release, _name),
@@ -175,7 +175,7 @@ for _name in ("BandMF", "BLT"):
 
 def _make_private_run(key, data, accountant):
   """T steps of a BandMF plan (q = 1, b = 1); returns the T parameter vectors ``x_t + w_t``."""
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   n = len(data["y"])
   private = dpsgd.make_private(
       _linear_loss, l2_clip_norm=dp.CLIP, num_examples=n, key=key, sample_rate=1.0,
@@ -198,7 +198,7 @@ def _make_private_release(key, data):
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.PrivateSGD.step[noise_strategy=BandMF]",
+    name="jaxdp.dpsgd.PrivateSGD.step[noise_strategy=BandMF]",
     family=FAMILY, neighbouring="add_remove", unit="example",
     guarantee=_TRANSFORM_GUARANTEE + "; the sampler pays the run's one event before batch 0",
     epsilon=_epsilon("BandMF"), delta=dp.DELTA,
@@ -217,26 +217,26 @@ reg.register(reg.ReleasePoint(
 # -- declared: public callables that release nothing themselves ------------------------------
 
 for _name, _reason in {
-    "jaxdp.training.correlated.BandMF":
+    "jaxdp.dpsgd.correlated.BandMF":
         "a public strategy matrix (coefficients); reads no data",
-    "jaxdp.training.correlated.BLT":
+    "jaxdp.dpsgd.correlated.BLT":
         "a public strategy matrix (buffer decays and weights); reads no data",
-    "jaxdp.training.correlated.CyclicPoissonSampler":
+    "jaxdp.dpsgd.correlated.CyclicPoissonSampler":
         "draws batch indices from keys and the public N, b, p only (never reads the data); the "
         "release is PrivateSGD.step[noise_strategy=BandMF] (registered)",
-    "jaxdp.training.correlated.mf_event":
+    "jaxdp.dpsgd.correlated.mf_event":
         "the DpEvent of a run from public (strategy, sigma, n, b, p); spends nothing",
-    "jaxdp.training.correlated.mf_epsilon":
+    "jaxdp.dpsgd.correlated.mf_epsilon":
         "epsilon of public (strategy, sigma, n, b, p, delta)",
-    "jaxdp.training.correlated.calibrate_mf_noise_multiplier":
+    "jaxdp.dpsgd.correlated.calibrate_mf_noise_multiplier":
         "a calibration on public numbers",
-    "jaxdp.training.correlated.noise_stddev":
+    "jaxdp.dpsgd.correlated.noise_stddev":
         "sigma S s_1 from public numbers (a calibration)",
-    "jaxdp.training.correlated.max_participations":
+    "jaxdp.dpsgd.correlated.max_participations":
         "ceil(n / b) from public numbers",
-    "jaxdp.training.correlated.accounting.adaptive_gradient_noise_multiplier":
+    "jaxdp.dpsgd.correlated.accounting.adaptive_gradient_noise_multiplier":
         "sigma_Delta from public (strategy, sigma, sigma_b, n, b, p): a calibration",
-    "jaxdp.training.dpsgd.PrivateSGD.run_event":
+    "jaxdp.dpsgd.PrivateSGD.run_event":
         "the DpEvent of the plan's run from public numbers; spends nothing",
 }.items():
   reg.not_a_release_point(_name, _reason)

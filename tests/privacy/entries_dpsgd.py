@@ -1,4 +1,4 @@
-"""Conformance entries of the DP-SGD family (``jaxdp.training.dpsgd``).
+"""Conformance entries of the DP-SGD family (``jaxdp.dpsgd``).
 
 Every DP-SGD release is the Gaussian mechanism on the SUM of per-example
 gradients clipped to L2 norm ``C`` (paper 000 Section 3.1 Equation 4; survey
@@ -197,7 +197,7 @@ def _zero_params(d: int):
 
 
 def _train_dpsgd(key, data, accountant=None):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   n = len(data["y"])
   return dpsgd.train_dpsgd(
       _Linear(), data["x"], data["y"], key=key, epochs=1.0, l2_clip_norm=CLIP, delta=DELTA,
@@ -210,7 +210,7 @@ def _train_dpsgd_charged(data, accountant):
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.train_dpsgd",
+    name="jaxdp.dpsgd.train_dpsgd",
     release=lambda key, data: _train_dpsgd(key, data),
     vector=lambda out: -_flat(out.params["Dense_0"]["kernel"]),
     charged=_train_dpsgd_charged,
@@ -228,7 +228,7 @@ reg.register(reg.ReleasePoint(
 
 
 def _linear_dpsgd(key, data, **relation):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   n = len(data["y"])
   return dpsgd.linear_dpsgd(
       key, data["x"], data["y"], num_classes=K, noise_multiplier=SIGMA, delta=DELTA,
@@ -248,12 +248,12 @@ _LINEAR_DPSGD = dict(
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.linear_dpsgd",
+    name="jaxdp.dpsgd.linear_dpsgd",
     release=_linear_dpsgd,
     **_LINEAR_DPSGD,
     **_common(skip={"charge": "linear_dpsgd spends on no accountant: it returns the event of one "
                               "run in result.event (M keys release M models; the caller spends "
-                              "it M times), checked in tests/training/dpsgd/test_dpsgd_linear.py"})))
+                              "it M times), checked in tests/dpsgd/test_dpsgd_linear.py"})))
 
 
 # -- linear_dpsgd, replace-one neighbours -------------------------------------------
@@ -293,7 +293,7 @@ def step_event_replace_one() -> events.DpEvent:
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.training.dpsgd.linear_dpsgd[neighbouring=replace_one]",
+    name="jaxdp.dpsgd.linear_dpsgd[neighbouring=replace_one]",
     release=functools.partial(_linear_dpsgd, accountant="pld", neighbouring="replace_one"),
     **_LINEAR_DPSGD,
     **_common(neighbouring="replace_one", pairs=replace_one_pairs, event=step_event_replace_one,
@@ -304,7 +304,7 @@ reg.register(reg.ReleasePoint(
                          "sensitivity 2C (Balle & Wang 2018 Thm 8)"),
               skip={"charge": "linear_dpsgd spends on no accountant: it returns the event of "
                               "one run in result.event, checked in "
-                              "tests/training/dpsgd/test_dpsgd_replace_one_training.py"})))
+                              "tests/dpsgd/test_dpsgd_replace_one_training.py"})))
 
 
 # -- PrivateSGD.step (make_private's plan; its PaidSampler pays before sampling) --------
@@ -317,7 +317,7 @@ def _per_example_loss(w, x, y):
 def _make_private_step(key, data, accountant, device=False):
   """One step of a make_private plan; ``device=True``: the device-resident path (Poisson
   sampling, gather and update in one jitted call) instead of host sampling + gather."""
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   n = len(data["y"])
   private = dpsgd.make_private(
       _per_example_loss, l2_clip_norm=CLIP, num_examples=n, key=key, sample_rate=1.0,
@@ -338,7 +338,7 @@ def _make_private_release(device, key, data):
 
 for _suffix, _device in (("", False), ("[data=device]", True)):
   reg.register(reg.ReleasePoint(
-      name="jaxdp.training.dpsgd.PrivateSGD.step" + _suffix,
+      name="jaxdp.dpsgd.PrivateSGD.step" + _suffix,
       release=functools.partial(_make_private_release, _device),
       vector=lambda out: -_flat(out[0]),
       charged=functools.partial(
@@ -357,7 +357,7 @@ _DIVISOR = 16.0
 
 @functools.lru_cache(maxsize=None)
 def _clipped_sum_fn():
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   fn = dpsgd.clipped_grad(_per_example_loss, l2_clip_norm=CLIP, batch_argnums=(1, 2),
                           method="vmap")
   return jax.jit(lambda w, x, y: fn(w, x, y)[0])
@@ -373,18 +373,18 @@ def _transform_release(make_tx, key, data):
 
 
 def _noisy_aggregate(key):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   return dpsgd.noisy_aggregate(SIGMA, CLIP, _DIVISOR, key)
 
 
 def _private_sgd(key):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   return dpsgd.private_sgd(1.0, noise_multiplier=SIGMA, l2_sensitivity=CLIP,
                            expected_batch_size=_DIVISOR, key=key)
 
 
 def _dp_optimizer(key):
-  from jaxdp.training import dpsgd
+  from jaxdp import dpsgd
   return dpsgd.dp_optimizer(optax.sgd(1.0), noise_multiplier=SIGMA, l2_sensitivity=CLIP,
                             expected_batch_size=_DIVISOR, key=key)
 
@@ -398,7 +398,7 @@ for _name, _make, _sign in (("noisy_aggregate", _noisy_aggregate, 1.0),
                             ("dp_optimizer", _dp_optimizer, -1.0)):
   _vec = functools.partial(lambda sign, out: sign * _DIVISOR * _flat(out), _sign)
   reg.register(reg.ReleasePoint(
-      name=f"jaxdp.training.dpsgd.{_name}",
+      name=f"jaxdp.dpsgd.{_name}",
       release=functools.partial(_transform_release, _make),
       vector=_vec,
       charged=None,
@@ -416,45 +416,45 @@ for _name, _make, _sign in (("noisy_aggregate", _noisy_aggregate, 1.0),
 _PLAN = ("the release is PrivateSGD.step (registered: one step of the plan, paid by the "
          "PaidSampler before its batch exists)")
 for _name, _reason in {
-    "jaxdp.training.dpsgd.make_private":
+    "jaxdp.dpsgd.make_private":
         "builds a PrivateSGD plan from public hyper-parameters (calibrates sigma, fixes q, P, "
         "the clip norm and the keys); it reads no data and spends nothing; " + _PLAN,
-    "jaxdp.training.dpsgd.PrivateSGD":
+    "jaxdp.dpsgd.PrivateSGD":
         "the frozen plan made by make_private (public numbers, the optimiser and keys); " + _PLAN,
-    "jaxdp.training.dpsgd.PrivateSGD.sampler":
+    "jaxdp.dpsgd.PrivateSGD.sampler":
         "opens the plan's PaidSampler on the caller's accountant; spends nothing until "
         "sample()/pay(), whose charge is checked by the PrivateSGD.step entry (one step paid "
         "per batch, a short PrivacyBudget refuses before any batch exists)",
-    "jaxdp.training.dpsgd.PaidSampler":
+    "jaxdp.dpsgd.PaidSampler":
         "made by PrivateSGD.sampler; its sample()/pay() spend the step event, checked by the "
         "PrivateSGD.step entry's charge check; " + _PLAN,
-    "jaxdp.training.dpsgd.PaidSampler.epsilon":
+    "jaxdp.dpsgd.PaidSampler.epsilon":
         "epsilon of the steps paid so far: dpsgd_epsilon of public (sigma, q, t, delta)",
-    "jaxdp.training.dpsgd.PrivateSGD.epsilon":
+    "jaxdp.dpsgd.PrivateSGD.epsilon":
         "epsilon of t steps: dpsgd_epsilon of public (sigma, q, t, delta)",
-    "jaxdp.training.dpsgd.PaidSampler.guarantee":
+    "jaxdp.dpsgd.PaidSampler.guarantee":
         "PaidSampler.epsilon as a PrivacyGuarantee naming the accountant method: public "
         "(sigma, q, t, delta)",
-    "jaxdp.training.dpsgd.PrivateSGD.guarantee":
+    "jaxdp.dpsgd.PrivateSGD.guarantee":
         "PrivateSGD.epsilon(t) as a PrivacyGuarantee naming the accountant method: public "
         "(sigma, q, t, delta)",
-    "jaxdp.training.dpsgd.PrivateSGD.check_inputs":
+    "jaxdp.dpsgd.PrivateSGD.check_inputs":
         "validates params, x and y before anything is paid; returns nothing computed from the "
         "data (errors name the rule and the row, not the value)",
-    "jaxdp.training.dpsgd.PrivateSGD.step_event":
+    "jaxdp.dpsgd.PrivateSGD.step_event":
         "the DpEvent of one step from public (q, sigma, unit); spends nothing",
-    "jaxdp.training.dpsgd.ClippedGradFn":
+    "jaxdp.dpsgd.ClippedGradFn":
         "the clipped per-example gradient SUM with its .sensitivity: the statistic before any "
         "noise (documented non-private, like its ClippedGradInfo), never released by the "
         "library; noisy_aggregate (registered) adds the noise",
-    "jaxdp.training.dpsgd.DPSGDResult":
+    "jaxdp.dpsgd.DPSGDResult":
         "the result record of train_dpsgd (registered); its fields are checked there by the "
         "no_nonprivate check",
-    "jaxdp.training.dpsgd.LinearDPSGDResult":
+    "jaxdp.dpsgd.LinearDPSGDResult":
         "the result record of linear_dpsgd (registered); its fields are checked there",
-    "jaxdp.training.dpsgd.abort_delta":
+    "jaxdp.dpsgd.abort_delta":
         "the extra delta (1 + e^eps) T p of aborting on overflow: arithmetic on public numbers",
-    "jaxdp.training.dpsgd.noise_stddev":
+    "jaxdp.dpsgd.noise_stddev":
         "sigma * S from the public noise multiplier and sensitivity (a calibration)",
 }.items():
   reg.not_a_release_point(_name, _reason)
@@ -462,4 +462,4 @@ for _name, _reason in {
 # train_dpsgd returns a DPSGDResult, which is not a pytree of arrays: its checks loop
 # from the start (each call builds and compiles its own jitted step). PrivateSGD.step,
 # linear_dpsgd and the transforms above are vmapped over the key (one trace per batch).
-cc.host_side("jaxdp.training.dpsgd.train_dpsgd")
+cc.host_side("jaxdp.dpsgd.train_dpsgd")
