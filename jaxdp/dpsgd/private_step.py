@@ -68,9 +68,9 @@ applied update. :meth:`PrivateSGD.check_inputs` runs them on the whole
 dataset before anything is paid.
 
 Randomness: ``key`` is split exactly as :func:`.train.train_dpsgd` splits it
-(``init, sampling, noise = split(key, 3)``; step t samples with
-``split(sampling, T)[t]``), so the same key gives the same run as the built-in
-loop. The noise key lives in the optimiser state and is split every step.
+(:mod:`.keys`: disjoint ``split`` branches for the step keys, the keys of extra
+steps, the cyclic groups, the gradient and count noise and a resumed run's
+noise), so the same key gives the same run as the built-in loop. The noise key lives in the optimiser state and is split every step.
 One plan is one training run: it opens one sampler (a second raises; make a
 new plan with a fresh key for another run).
 """
@@ -94,20 +94,13 @@ from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
-from jaxdp.dpsgd import (_inputs, adaptive_clipping, checkpointing, clipping,
-                                  device_sampling, multihost,
-                                  sampling, transforms)
+from jaxdp.dpsgd import (_inputs, adaptive_clipping, checkpointing, clipping, data_digest,
+                         device_sampling, multihost, sampling, transforms)
+from jaxdp.dpsgd import keys as keys_lib
 
 PyTree = Any
 
-# Key for the sampling keys of steps beyond the planned T (allow_extra_steps=True):
-# fold_in of the sampling key, a branch disjoint from split(sampling_key, T).
-_EXTRA_STEPS_FOLD = 0x5EED
-# Key for the noise after restoring an older checkpoint (PrivateSGD.restore): fold_in of the
-# noise key with this tag and the first unpaid step, a branch of its own.
-_RESUME_FOLD = 0x2E5E
-# Key for the cyclic group assignment of a correlated-noise plan: fold_in of the sampling key.
-_GROUP_FOLD = 0x6209
+# Every key of a run comes from disjoint split branches of its one key (:mod:`.keys`).
 
 
 def _mf_accounting():
@@ -278,6 +271,16 @@ class DeviceBatch(PrivateBatch):
     raise AttributeError("a DeviceBatch is sampled inside the step; it has no host chunks.")
 
 
+def _fresh_noise_state(noise: Any, gradient_key: jax.Array, count_key: jax.Array,
+                       paid: int) -> Any:
+  """The noise state at slot ``paid`` with keys no earlier step used (:meth:`PrivateSGD.restore`)."""
+  if isinstance(noise, adaptive_clipping.AdaptiveClipState):
+    inner = _fresh_noise_state(noise.inner, gradient_key, count_key, paid)
+    return noise._replace(inner=inner, key=count_key,
+                          count=jnp.asarray(paid, noise.count.dtype))
+  return noise._replace(key=gradient_key, count=jnp.asarray(paid, noise.count.dtype))
+
+
 def _spend_once(accountant: Any, event: events.DpEvent, count: int) -> None:
   """Spends ``count`` x ``event`` once for the whole run, also with several processes.
 
@@ -355,7 +358,7 @@ class PaidSampler:
                      else sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
                                                   padded_size=plan.padded_size,
                                                   on_overflow="split"))
-    self._keys = jax.random.split(plan._sample_key, plan.steps)  # pylint: disable=protected-access
+    self._keys = plan._run_keys.step_keys(plan.steps)  # pylint: disable=protected-access
     self._key_data: np.ndarray | None = None  # host copy of the step keys (device path)
     self._device: Any = None  # (data, update) of the device-resident path
     self._again: list[PoissonBatch] = []  # paid batches whose gather/step was refused
@@ -416,7 +419,7 @@ class PaidSampler:
   def _key(self, t: int) -> jax.Array:
     if t < self._plan.steps:
       return self._keys[t]
-    return jax.random.fold_in(jax.random.fold_in(self._plan._sample_key, _EXTRA_STEPS_FOLD), t)  # pylint: disable=protected-access
+    return self._plan._run_keys.extra_step_key(t)  # pylint: disable=protected-access
 
   def sample(self) -> PoissonBatch:
     """The next step's Poisson batch (index chunks); pays one step first if none is prepaid.
@@ -530,6 +533,7 @@ class PrivateSGD:
   adaptive_clip_norm: Any = None
   gradient_noise_multiplier: float | None = None
   _participation: Any = dataclasses.field(default=None, repr=False)
+  _run_keys: Any = dataclasses.field(default=None, repr=False)
 
   @property
   def _resume_step(self) -> int:
@@ -603,10 +607,16 @@ class PrivateSGD:
       raise BudgetExceededError(
           f"all {self.steps} planned steps were paid already ({paid}); restoring an older "
           "checkpoint cannot replay them. Pass allow_extra_steps=True to pay more steps.")
-    noise = state.opt_state[0]
-    fresh_key = jax.random.fold_in(jax.random.fold_in(self._noise_key, _RESUME_FOLD), paid)
-    inner = noise._replace(key=fresh_key, count=jnp.asarray(paid, noise.count.dtype))
-    state = PrivateState((inner,) + tuple(state.opt_state[1:]))
+    if self.noise_strategy is not None:
+      raise ValueError(
+          "restoring this correlated-noise run would continue it with fresh noise after steps "
+          "that were already released (an older checkpoint, or a deleted newest one): the "
+          "strategy's later rows mix the noise of every earlier step, so the continuation is a "
+          "second run of the matrix mechanism, which this plan has not paid. Restore the newest "
+          "checkpoint, or start a new run (new key, new checkpoint_dir) and pay for it.")
+    gradient_key, count_key = self._run_keys.resume_noise(paid)
+    noise = _fresh_noise_state(state.opt_state[0], gradient_key, count_key, paid)
+    state = PrivateState((noise,) + tuple(state.opt_state[1:]))
     state._known_step = paid  # pylint: disable=protected-access
     self._run["resume_step"] = paid
     return params, state
@@ -734,13 +744,6 @@ class PrivateSGD:
     """
     if mesh is not None and data is None:
       raise ValueError("mesh needs data=: the device-resident path shards the data over it.")
-    if data is not None and self.adaptive_clip_norm is not None:
-      raise ValueError("data= (device-resident sampling) is not available with an adaptive "
-                       "l2_clip_norm: use sampler(accountant) and gather.")
-    if data is not None and self.noise_strategy is not None:
-      raise ValueError("data= (device-resident sampling) is not available with noise_strategy: "
-                       "correlated-noise runs sample their cyclic groups on the host (use "
-                       "sampler(accountant) and gather).")
     ckpt = self._checkpointer
     steps_paid = None
     if start_step is None:
@@ -794,7 +797,18 @@ class PrivateSGD:
           "arguments and key, or it would add noise its peers and the accountant do not assume.")
 
   def _device_path(self, data: Any, mesh: Any) -> tuple:
-    """Checks and places ``data``; builds the jitted sample-and-update (:mod:`.device_sampling`)."""
+    """Checks and places ``data``; builds the jitted sample-and-update (:mod:`.device_sampling`).
+
+    Every sampler and clipper of the host path: with ``noise_strategy`` the
+    batch of step t is the cyclic Poisson batch of
+    :class:`~.correlated.CyclicPoissonSampler` (Poisson bits of the step key
+    AND group ``t mod b`` of :func:`~.correlated.participation.cyclic_groups`,
+    computed once where the rows live; t is the noise state's step count,
+    which :meth:`step` checks equals the batch's paid step); with an adaptive
+    ``l2_clip_norm`` the gradients are clipped in units of the state's C_t and
+    the centred unclipped count goes with the sum to the noise, as in the host
+    ``update`` of :func:`make_private`.
+    """
     arrays = tuple(data) if isinstance(data, (tuple, list)) else (data,)
     names, label = self._data_names(arrays, "data needs", "data[{}]")
     leaves = jax.tree.leaves(arrays)
@@ -813,24 +827,60 @@ class PrivateSGD:
       shards = mesh.shape[device_sampling.DATA_AXIS]
     else:
       shards = 1
+    b = self.min_separation
+    # Chunk size P: the binomial bound at the batch's rate (p / b for cyclic Poisson).
     padded = (self.padded_size if mesh is None else device_sampling.local_padded_size(
-        self.num_examples, self.sample_rate, shards, self._physical_batch_size,
+        self.num_examples, self.sample_rate / b, shards, self._physical_batch_size,
         self._overflow_prob))
     placed = device_sampling.place_data(arrays, self.num_examples, mesh)
-    clipped_sum = device_sampling.clipped_sum_fn(
-        self.clipped_grad_fn, num_examples=self.num_examples, sample_rate=self.sample_rate,
-        padded_size=padded, mesh=mesh)
+    adaptive = self.adaptive_clip_norm is not None
+    if adaptive:  # the clipped gradients of C_t, built in the step (as make_private's update)
+      loss_fn, argnums = self.per_example_loss, self.batch_argnums
+      micro = self.clipped_grad_fn.microbatch_size
+      method = getattr(self.clipped_grad_fn, "method", None) or "auto"
+      clipped_sum = device_sampling.clipped_sum_fn(
+          None, num_examples=self.num_examples, sample_rate=self.sample_rate,
+          padded_size=padded, mesh=mesh,
+          make_grad_fn=lambda c: adaptive_clipping.adaptive_clipped_grad(
+              loss_fn, c, batch_argnums=argnums, microbatch_size=micro, method=method))
+    else:
+      clipped_sum = device_sampling.clipped_sum_fn(
+          self.clipped_grad_fn, num_examples=self.num_examples, sample_rate=self.sample_rate,
+          padded_size=padded, mesh=mesh)
+    groups = None
+    if self.noise_strategy is not None and b > 1:
+      from jaxdp.dpsgd.correlated import participation  # pylint: disable=g-import-not-at-top
+      group_key = self._participation.group_key  # pylint: disable=protected-access
+      group_data = np.asarray(jax.random.key_data(group_key))
+      group_impl = jax.random.key_impl(group_key)
+      groups = device_sampling.computed_rows(
+          lambda rows: participation.cyclic_groups(
+              jax.random.wrap_key_data(jnp.asarray(group_data), impl=group_impl), rows, b),
+          self.num_examples, mesh)
     tx = self.optimizer
     impl = jax.random.key_impl(self._sample_key)
+    # As the host update: a correlated-noise plan donates its state (the noise history).
+    donate = (1,) if self.noise_strategy is not None and self.noise_strategy.state_size else ()
 
-    @jax.jit
-    def update(params, opt_state, key_data, arrays):
+    @functools.partial(jax.jit, donate_argnums=donate)
+    def update_with(params, opt_state, key_data, arrays, groups):
       step_key = jax.random.wrap_key_data(key_data, impl=impl)
-      gsum, (loss, num, clipped) = clipped_sum(params, step_key, arrays)
+      row_mask = None
+      if groups is not None:  # step t samples group t mod b (t: the state's step count)
+        row_mask = groups == (opt_state[0].count % b).astype(groups.dtype)
+      clip = adaptive_clipping.current_clip_norm(opt_state) if adaptive else None
+      gsum, (loss, num, clipped) = clipped_sum(params, step_key, arrays, row_mask=row_mask,
+                                               clip_norm=clip)
+      if adaptive:
+        gsum = (gsum, adaptive_clipping.centered_unclipped_count(num, clipped))
+        loss = loss * clip
       updates, opt_state = tx.update(gsum, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state,
               StepInfo(nonprivate_loss_sum=loss, nonprivate_num_examples=num,
                        nonprivate_num_clipped=clipped))
+
+    def update(params, opt_state, key_data, arrays):
+      return update_with(params, opt_state, key_data, arrays, groups)
 
     replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     host_labels = None if label is None else local[label]
@@ -1181,7 +1231,7 @@ def make_private(
                                   batch_argnums=batch_argnums, microbatch_size=microbatch_size,
                                   per_layer=per_layer, method=clipping_method)
   sensitivity = float(grad_fn.sensitivity)
-  _, sample_key, noise_key = jax.random.split(key, 3)
+  run_keys = keys_lib.derive(key)
   participation = None
   if noise_strategy is None:
     # Validates physical_batch_size / overflow_prob and fixes P once.
@@ -1190,7 +1240,7 @@ def make_private(
     expected = q * n
   else:
     participation = correlated.CyclicPoissonSampler(
-        n, b, q, t_planned, jax.random.fold_in(sample_key, _GROUP_FOLD),
+        n, b, q, t_planned, run_keys.groups,
         padded_size=physical_batch_size, overflow_prob=overflow_prob)
     padded = participation.padded_size
     expected = participation.expected_batch_size
@@ -1233,8 +1283,9 @@ def make_private(
     if checkpoint_every is None:
       checkpoint_every = max(1, t_planned // 10)
   base = optimizer if optimizer is not None else optax.sgd(learning_rate)
-  # Adaptive clipping: the count noise and the gradient noise get disjoint halves of the key.
-  count_key, grad_key = (None, noise_key) if adaptive is None else jax.random.split(noise_key)
+  # Adaptive clipping: the count noise and the gradient noise have disjoint keys (.keys).
+  grad_key = run_keys.gradient_noise
+  count_key = None if adaptive is None else run_keys.count_noise
   if noise_strategy is None:
     noise_tx = transforms.noisy_aggregate(grad_sigma, sensitivity, expected, grad_key)
   else:
@@ -1295,10 +1346,10 @@ def make_private(
                     correlated.noise_stddev(noise_strategy, t_planned, grad_sigma, sensitivity)),
       optimizer=tx, base_optimizer=base, clipped_grad_fn=grad_fn, batch_argnums=batch_argnums,
       accountant_method=accountant_method, unit=unit, allow_extra_steps=allow_extra_steps,
-      _sample_key=sample_key, _update=update, _opened=[], per_example_loss=per_example_loss,
+      _sample_key=run_keys.steps, _update=update, _opened=[], per_example_loss=per_example_loss,
       neighbouring=relation, _checkpointer=checkpointer, _checkpoint_every=checkpoint_every,
       _physical_batch_size=physical_batch_size, _overflow_prob=overflow_prob,
-      _noise_key=noise_key, noise_strategy=noise_strategy,
+      _noise_key=run_keys.gradient_noise, noise_strategy=noise_strategy, _run_keys=run_keys,
       min_separation=1 if noise_strategy is None else b, _participation=participation,
       adaptive_clip_norm=adaptive, gradient_noise_multiplier=float(grad_sigma))
 

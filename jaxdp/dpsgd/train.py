@@ -43,6 +43,7 @@ from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
 from jaxdp.dpsgd import _inputs, checkpointing, clipping, sampling, transforms
+from jaxdp.dpsgd import keys as keys_lib
 
 PyTree = Any
 
@@ -337,7 +338,8 @@ def train_dpsgd(
   if not 0.0 < frac <= 1.0:
     raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
 
-  init_key, sample_key, noise_key = jax.random.split(key, 3)
+  run_keys = keys_lib.derive(key)  # the same keys as make_private's (.keys)
+  init_key, noise_key = run_keys.init, run_keys.gradient_noise
   x = jnp.asarray(x)
   y = jnp.asarray(y)
   _inputs.refuse_batchnorm_nnx(model)
@@ -441,7 +443,7 @@ def train_dpsgd(
   zeros = jax.tree.map(
       lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(jnp.result_type(p), jnp.float32)), params)
   history: list[dict[str, float]] = []
-  step_keys = jax.random.split(sample_key, steps)
+  step_keys = run_keys.step_keys(steps)
   iterator = range(first_step, steps)
   if progress:
     from tqdm.auto import tqdm
