@@ -84,7 +84,7 @@ def main(argv=None) -> dict:
   budget_path = (pathlib.Path(args.checkpoint_dir).absolute() / "budget.json"
                  if args.checkpoint_dir else None)
   budget = PrivacyBudget(args.epsilon * (1 + 1e-9), 1e-5, method="rdp", path=budget_path)
-  params, state = (private.restore(params) if args.checkpoint_dir
+  params, state = (private.restore(params, data=data) if args.checkpoint_dir
                    else (params, private.init(params)))
   sampler = private.sampler(budget, data=data, mesh=mesh)
   lead = jax.process_index() == 0

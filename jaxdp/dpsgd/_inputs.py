@@ -146,6 +146,15 @@ def check_label_dtype(y: Any, name: str, where: str = "") -> None:
           f"a loss for other targets).{where}")
 
 
+def check_label_shape(y: Any, name: str, where: str = "") -> None:
+  """A dataset's integer labels: one per example, shape ``(N,)``."""
+  for leaf in _leaves(y, name):
+    if len(np.shape(leaf)) != 1:
+      raise ValueError(
+          f"{name} must be a 1-D array with one integer class label per example, got shape "
+          f"{tuple(np.shape(leaf))} (flatten a column of labels with .reshape(-1)).{where}")
+
+
 def check_labels(y: Any, name: str, num_classes: int, where: str = "") -> None:
   """Integer labels in ``[0, num_classes)`` (see the module docstring)."""
   check_label_dtype(y, name, where)

@@ -106,6 +106,9 @@ def check_arguments(checkpoint_dir: Any, checkpoint_every: Any) -> int | None:
       raise ValueError("checkpoint_every needs checkpoint_dir.")
   if checkpoint_dir is not None and not isinstance(checkpoint_dir, (str, os.PathLike)):
     raise TypeError(f"checkpoint_dir must be a path, got {type(checkpoint_dir).__name__}.")
+  if checkpoint_dir is not None and not os.fspath(checkpoint_dir).strip():
+    raise ValueError("checkpoint_dir must name a directory, got an empty path (it would write "
+                     "the run's ledger and checkpoints into the current directory).")
   return every
 
 
@@ -249,6 +252,47 @@ class RunCheckpointer:
     """Durably sets ``steps_paid = total`` (never lower); call after spending, before release."""
     total = _check_step(total, "total")
     self._update_ledger("steps_paid", total, monotone_error=True)
+
+  def _set_once(self, field: str, value: Any) -> None:
+    """Durably sets ``ledger[field] = value`` if the field is absent (process 0 only)."""
+    if not _is_writer():
+      return
+    with _durable.locked_update(self._ledger_path) as box:
+      self._check_fingerprint(box.value)
+      ledger = box.value if box.value is not None else self._new_ledger()
+      if ledger.get(field) is None:
+        ledger[field] = value
+        box.value = ledger
+
+  def replay_binding(self) -> dict | None:
+    """The digests of the data and starting parameters the run's first update used, or None.
+
+    ``{"data": <digest>, "params": <digest or None>}`` (:mod:`.data_digest`),
+    written once by :meth:`record_replay_binding` before the run's first update.
+    A lost paid step may be replayed with its original batch and noise only
+    when the data (and, for a replay from step 0, the starting parameters)
+    have these digests: otherwise the replayed update differs from the lost
+    one, and the two differ by a noise-free function of the data.
+    """
+    binding = self._read_ledger().get("replay_binding")
+    return dict(binding) if isinstance(binding, dict) else None
+
+  def record_replay_binding(self, data_sha: str, params_sha: str | None) -> None:
+    """Durably records the run's data and starting-parameter digests (first call only)."""
+    self._set_once("replay_binding", {"data": str(data_sha),
+                                      "params": None if params_sha is None else str(params_sha)})
+
+  def budget_path(self) -> str | None:
+    """The file of the durable ``PrivacyBudget`` that paid this run's first steps, or None.
+
+    None also when the run was paid on an in-memory accountant, or before any payment.
+    """
+    path = self._read_ledger().get("budget_path")
+    return str(path) if path else None
+
+  def record_budget_path(self, path: str | None) -> None:
+    """Durably records which budget file pays the run ("" for an in-memory accountant); once."""
+    self._set_once("budget_path", "" if path is None else os.path.abspath(os.fspath(path)))
 
   def checkpointed_through(self) -> int:
     """The largest step ever in a finalised checkpoint (0 if none; survives deleted folders)."""

@@ -76,7 +76,8 @@ def digest(tree: Any) -> str:
     dtype = np.dtype(jax.dtypes.canonicalize_dtype(leaf.dtype))
     h.update(f"{tuple(leaf.shape)}|{dtype.str}|".encode())
     if leaf.size:
-      h.update(np.asarray(_lanes(leaf)).tobytes())
+      lanes = _lanes(leaf)  # replicated; on several processes read this process's copy
+      h.update(np.asarray(lanes.addressable_shards[0].data).tobytes())
   return h.hexdigest()
 
 

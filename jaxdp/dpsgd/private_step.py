@@ -224,11 +224,17 @@ class PoissonBatch:
     label = plan._label_position()  # pylint: disable=protected-access
     if label is not None:
       _inputs.check_label_dtype(arrays[label], names[label] + " (labels)", kept)
+      _inputs.check_label_shape(arrays[label], names[label] + " (labels)", kept)
     slots = [c.slots_and_mask() for c in self.chunks]
     idx = np.stack([i for i, _ in slots])  # (K, P)
     mask = np.stack([m for _, m in slots])  # (K, P)
     # Index where the data lives (host numpy or device), then move only the batch.
     taken = _inputs.check_examples(arrays, names, plan.num_examples, take=idx, where=kept)
+    if self._sampler is not None:
+      try:
+        self._sampler._bind_data(arrays, self.step_index)  # pylint: disable=protected-access
+      except ValueError as err:
+        raise ValueError(f"{err}{kept}") from None
     host_labels = taken[label] if label is not None else None
     taken = jax.tree.map(jnp.asarray, taken)
     return PrivateBatch(self, sampling.MaskedBatch(taken, jnp.asarray(mask)), host_labels)
@@ -270,6 +276,15 @@ class DeviceBatch(PrivateBatch):
   def num_chunks(self) -> int:
     raise AttributeError("a DeviceBatch is sampled inside the step; it has no host chunks.")
 
+  def gather(self, *arrays: Any) -> "DeviceBatch":
+    """Refused: a device-resident sampler already holds the data (nothing is consumed)."""
+    del arrays
+    raise TypeError(
+        "a DeviceBatch needs no gather: the sampler holds the data (sampler(accountant, "
+        "data=...)) and PrivateSGD.step samples and gathers inside the jitted update. Pass the "
+        f"batch to step as it is. Nothing was spent: the paid batch of step {self.step_index} "
+        "is still usable.")
+
 
 def _fresh_noise_state(noise: Any, gradient_key: jax.Array, count_key: jax.Array,
                        paid: int) -> Any:
@@ -279,6 +294,37 @@ def _fresh_noise_state(noise: Any, gradient_key: jax.Array, count_key: jax.Array
     return noise._replace(inner=inner, key=count_key,
                           count=jnp.asarray(paid, noise.count.dtype))
   return noise._replace(key=gradient_key, count=jnp.asarray(paid, noise.count.dtype))
+
+
+def _check_accountant(accountant: Any) -> None:
+  if not hasattr(accountant, "spend"):
+    raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
+                    f"spend(event, count)), got {type(accountant).__name__}.")
+
+
+def _replay_is_bound(binding: dict | None, data_sha: str | None, params_sha: str | None) -> bool:
+  """Whether lost steps may be replayed: the data (and starting params, for step 0) are the run's."""
+  if binding is None or data_sha is None or binding.get("data") != data_sha:
+    return False
+  return params_sha is None or binding.get("params") == params_sha
+
+
+def _ledger_holds(accountant: Any, event: events.DpEvent, count: int, ckpt: Any) -> bool:
+  """Whether ``accountant`` provably holds ``count`` x ``event`` of this run already.
+
+  True for the durable budget file the run's ledger says paid it, or a ledger
+  with at least ``count`` entries of ``event`` (compared field by field).
+  """
+  path = getattr(accountant, "path", None)
+  if ckpt is not None and path is not None and ckpt.budget_path() == os.path.abspath(path):
+    return True
+  inner = getattr(accountant, "accountant", accountant)  # PrivacyBudget -> its ledger
+  if path is not None and hasattr(accountant, "_refresh"):
+    accountant._refresh()  # pylint: disable=protected-access
+    inner = accountant.accountant
+  want = events.event_to_dict(event)
+  held = sum(c for e, c in getattr(inner, "ledger", ()) if events.event_to_dict(e) == want)
+  return held >= count
 
 
 def _spend_once(accountant: Any, event: events.DpEvent, count: int) -> None:
@@ -345,13 +391,11 @@ class PaidSampler:
 
   def __init__(self, plan: "PrivateSGD", accountant: Any, start_step: int,
                steps_paid: int | None = None):
-    if not hasattr(accountant, "spend"):
-      raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
-                      f"spend(event, count)), got {type(accountant).__name__}.")
+    _check_accountant(accountant)
     self._plan = plan
     self.accountant = accountant
     self.steps_paid = start_step if steps_paid is None else steps_paid
-    if plan.noise_strategy is not None and start_step > 0:
+    if plan.noise_strategy is not None and self.steps_paid > 0:
       self.steps_paid = plan.steps  # a resumed correlated-noise run was paid as a whole
     self.steps_sampled = start_step
     self._poisson = (plan._participation if plan.noise_strategy is not None  # pylint: disable=protected-access
@@ -362,6 +406,54 @@ class PaidSampler:
     self._key_data: np.ndarray | None = None  # host copy of the step keys (device path)
     self._device: Any = None  # (data, update) of the device-resident path
     self._again: list[PoissonBatch] = []  # paid batches whose gather/step was refused
+    self._handed: dict[int, PoissonBatch] = {}  # every batch handed out, by step
+    self._closed = False  # replaced by a corrected sampler() before any update
+    self._data_ids: tuple | None = None  # ids of the arrays whose digest was checked
+
+  def _reopenable(self, accountant: Any) -> bool:
+    """A corrected ``sampler()`` may replace this one: same accountant, no update applied yet."""
+    used = any(t._used for t in self._handed.values())  # pylint: disable=protected-access
+    return accountant is self.accountant and not used
+
+  def _check_open(self) -> None:
+    if self._closed:
+      raise ValueError("this sampler was replaced by a newer plan.sampler(...) call; use that one.")
+
+  def _bind_data(self, arrays: Any, step: int | None = None) -> None:
+    """Binds the run's data to its ledger (``checkpoint_dir``): recorded once, checked on a replay.
+
+    The run's first update records the digest of its data (and of the
+    parameters given to ``restore`` when the run starts at step 0). A run that
+    replays its lost paid steps (``restore`` found its ``data=`` and
+    ``params`` bound to the ledger) must gather those steps from data with
+    the same digest, or the replayed updates would differ from the lost ones
+    by a noise-free function of the data: refused before the update. Digests
+    are computed where the arrays live (:mod:`.data_digest`), once per set of
+    array objects, and only while something is to be recorded or checked.
+    """
+    plan = self._plan
+    ckpt = plan._checkpointer  # pylint: disable=protected-access
+    if ckpt is None:
+      return
+    replay = plan._run.get("replay_data")  # pylint: disable=protected-access
+    replaying = replay is not None and (step is None or step < plan._run.get("replay_until", 0))  # pylint: disable=protected-access
+    if not replaying and plan._run.get("bound"):  # pylint: disable=protected-access
+      return
+    ids = tuple(id(a) for a in jax.tree.leaves(arrays))
+    if ids == self._data_ids:
+      return
+    sha = data_digest.digest(tuple(arrays))
+    if replaying and sha != replay:
+      raise ValueError(
+          "these data differ from the data the run's lost steps were computed on (another order, "
+          "subset or content; the digest restore(..., data=) was given): replaying those steps' "
+          "batches and noise on them would release a noise-free difference. Gather the replayed "
+          "steps from the same data, or restart and restore without data= (the run then "
+          "continues at the first unpaid step with fresh keys).")
+    params_sha = plan._run.get("params_sha") if plan._resume_step == 0 else None  # pylint: disable=protected-access
+    ckpt.record_replay_binding(sha, params_sha)
+    plan._run["bound"] = True  # pylint: disable=protected-access
+    self._data_ids = ids
 
   @property
   def device_resident(self) -> bool:
@@ -386,6 +478,7 @@ class PaidSampler:
         nothing is spent then.
     """
     steps = _validation.check_positive_int(steps, "steps")
+    self._check_open()
     plan = self._plan
     if plan.noise_strategy is not None and self.steps_paid == 0 and steps <= plan.steps:
       # Correlated noise: the run is ONE mechanism (its sensitivity covers all n steps),
@@ -398,6 +491,8 @@ class PaidSampler:
             f"noise_multiplier={plan.noise_multiplier}); nothing was sampled or spent. ({err})"
         ) from err
       self.steps_paid = plan.steps
+      if plan._checkpointer is not None:  # pylint: disable=protected-access
+        plan._checkpointer.record_paid(plan.steps)  # pylint: disable=protected-access
       return
     if not plan.allow_extra_steps and self.steps_paid + steps > plan.steps:
       raise BudgetExceededError(
@@ -427,7 +522,9 @@ class PaidSampler:
     A paid batch whose ``gather`` or ``step`` was refused (and that was not
     used since) is handed out again, unpaid a second time, before any new one.
     """
-    self._again = [b for b in self._again if not b._used]  # pylint: disable=protected-access
+    self._check_open()
+    self._again = sorted((b for b in self._again if not b._used),  # pylint: disable=protected-access
+                         key=lambda b: b.step_index)
     if self._again:
       ticket = self._again.pop(0)
       if self._device is not None:
@@ -439,11 +536,22 @@ class PaidSampler:
     if self._device is not None:
       ticket = PoissonBatch(self._plan, t, [], self)
       self.steps_sampled += 1
+      self._handed[t] = ticket
       return DeviceBatch(ticket, self._step_key_data(t))
     chunks = (self._poisson.sample(t, self._key(t)) if self._plan.noise_strategy is not None
               else self._poisson.sample(self._key(t)))
     self.steps_sampled += 1
-    return PoissonBatch(self._plan, t, chunks, self)
+    ticket = PoissonBatch(self._plan, t, chunks, self)
+    self._handed[t] = ticket
+    return ticket
+
+  def _hand_out_step_first(self, step: int) -> bool:
+    """Queues the unused batch of ``step`` (handed out earlier) to be handed out next."""
+    ticket = self._handed.get(step)
+    if ticket is None or ticket._used:  # pylint: disable=protected-access
+      return False
+    self._hand_out_again(ticket)
+    return True
 
   def _step_key_data(self, t: int) -> np.ndarray:
     if t < self._plan.steps:
@@ -549,31 +657,43 @@ class PrivateSGD:
       raise ValueError(f"{what} needs make_private(..., checkpoint_dir=...).")
     return self._checkpointer
 
-  def restore(self, params: PyTree, *, step: int | None = None) -> tuple[PyTree, PrivateState]:
+  def restore(self, params: PyTree, *, step: int | None = None,
+              data: Any = None) -> tuple[PyTree, PrivateState]:
     """Resumes the run from ``checkpoint_dir``, or starts it: ``(params, state)``.
 
     ``params`` is the freshly initialised model (it gives the structure and
     dtypes, and is returned with ``init(params)`` when the directory holds no
     checkpoint yet). Call it before :meth:`sampler`, which then continues at
     the restored position. Rules (the run's durable ledger, ``ledger.json``,
-    holds the steps paid and the newest step ever checkpointed):
+    holds the steps paid, the newest step ever checkpointed, and the digests
+    of the data and starting parameters of the run's first update):
 
-    * the newest checkpoint, with every paid step after it lost (the process
-      died between checkpoints): the run continues at the checkpoint's step
-      with the SAME batches and noise as the lost steps, bit-identical to an
-      uninterrupted run; those steps are not paid again (their outputs died
-      unreleased with the process; the ledger keeps one charge each);
+    * the newest checkpoint, with paid steps after it lost (the process died
+      between checkpoints): given ``data=`` (the arrays the run gathers from,
+      or hands to ``sampler(data=)``) whose digest is the ledger's, the run
+      continues at the checkpoint's step with the SAME batches and noise as
+      the lost steps, bit-identical to an uninterrupted run, and those steps
+      are not paid again (their outputs died unreleased with the process). A
+      replay from step 0 (no checkpoint yet) also needs ``params`` to be the
+      parameters the run started from. Without ``data=``, or with other data
+      or parameters, the replay could differ from the lost updates by a
+      noise-free function of the data, so the run continues at the first
+      unpaid step with fresh keys instead, as for an older checkpoint;
     * an OLDER checkpoint (``step=`` below the newest step ever saved): its
       later steps were released in a newer checkpoint, so replaying them would
       publish two outputs with the same noise. The run continues at the first
       step never paid instead, with fresh sampling and noise keys; the lost
-      steps stay spent and count towards the plan's T.
+      steps stay spent and count towards the plan's T. A correlated-noise run
+      cannot continue with fresh noise (its later rows mix every earlier
+      step's noise) and is refused there.
 
     A directory written by another plan (another N, q, sigma, S, T, P, key,
-    relation or unit) is refused before anything is read. A checkpoint holds
-    the noise key: keep it as private as the data (publish only parameters).
-    With several hosts, ``checkpoint_dir`` must be on a filesystem every host
-    sees (the ledger is written by process 0 under a POSIX file lock).
+    relation, unit, strategy or clip rule) is refused before anything is
+    read; a checkpoint of another model (``params`` of another structure) is
+    refused with the differing structure. A checkpoint holds the noise key:
+    keep it as private as the data (publish only parameters). With several
+    hosts, ``checkpoint_dir`` must be on a filesystem every host sees (the
+    ledger is written by process 0 under a POSIX file lock).
     """
     ckpt = self._require_checkpointer("restore")
     if self._opened:
@@ -581,21 +701,44 @@ class PrivateSGD:
                        "step.")
     fresh = self.init(params)
     template = {"params": params, "opt_state": fresh.opt_state}
-    newest = ckpt.latest_step()
+    params_sha = data_digest.digest(params)
+    data_sha = None
+    if data is not None:
+      data_sha = data_digest.digest(tuple(data) if isinstance(data, (tuple, list)) else (data,))
+    binding = ckpt.replay_binding()
+    self._run["params_sha"] = params_sha
+    self._run["bound"] = binding is not None
+    self._run.pop("replay_data", None)
+    newest, paid = ckpt.latest_step(), ckpt.steps_paid()
     if newest is None and step is None:
       self._run["resume_step"] = 0
-      if ckpt.steps_paid():
-        # Paid steps but no checkpoint: never replay them from the initial state's keys
-        # if a checkpoint of them was ever written; otherwise the lost steps are replayed.
-        if ckpt.checkpointed_through() > 0:
-          return self._skip_to_unpaid(params, fresh, ckpt.steps_paid())
+      if paid:
+        # Paid steps but no checkpoint: replay them from the starting state only if no
+        # checkpoint of them was ever written and data and parameters are the run's.
+        if (ckpt.checkpointed_through() > 0
+            or not _replay_is_bound(binding, data_sha, params_sha)):
+          return self._skip_to_unpaid(params, fresh, paid)
+        self._run["replay_data"] = data_sha
+        self._run["replay_until"] = paid
       return params, fresh
-    _, tree = ckpt.restore(template, step=step)
+    try:
+      _, tree = ckpt.restore(template, step=step)
+    except FileNotFoundError:
+      raise
+    except Exception as err:  # pylint: disable=broad-except  (Orbax/TensorStore errors)
+      raise ValueError(
+          f"the checkpoint in {ckpt.directory} does not match params (another model, parameter "
+          f"shapes or dtypes, or optimiser): {type(err).__name__}. Pass the freshly initialised "
+          "parameters of the model this run trains.") from None
     state = PrivateState(tree["opt_state"])
     at = int(state.step)
-    paid = ckpt.steps_paid()
     if at < ckpt.checkpointed_through() and paid > at:
       return self._skip_to_unpaid(tree["params"], state, paid)
+    if paid > at:
+      if not _replay_is_bound(binding, data_sha, None):
+        return self._skip_to_unpaid(tree["params"], state, paid)
+      self._run["replay_data"] = data_sha
+      self._run["replay_until"] = paid
     self._run["resume_step"] = at
     state._known_step = at  # pylint: disable=protected-access
     return tree["params"], state
@@ -610,10 +753,11 @@ class PrivateSGD:
     if self.noise_strategy is not None:
       raise ValueError(
           "restoring this correlated-noise run would continue it with fresh noise after steps "
-          "that were already released (an older checkpoint, or a deleted newest one): the "
-          "strategy's later rows mix the noise of every earlier step, so the continuation is a "
-          "second run of the matrix mechanism, which this plan has not paid. Restore the newest "
-          "checkpoint, or start a new run (new key, new checkpoint_dir) and pay for it.")
+          "that may have been released (an older checkpoint, a deleted newest one, or lost steps "
+          "whose replay is not bound to the run's data: pass data= to restore): the strategy's "
+          "later rows mix the noise of every earlier step, so the continuation is a second run "
+          "of the matrix mechanism, which this plan has not paid. Restore the newest checkpoint "
+          "with the run's data, or start a new run (new key, new checkpoint_dir) and pay for it.")
     gradient_key, count_key = self._run_keys.resume_noise(paid)
     noise = _fresh_noise_state(state.opt_state[0], gradient_key, count_key, paid)
     state = PrivateState((noise,) + tuple(state.opt_state[1:]))
@@ -686,6 +830,7 @@ class PrivateSGD:
     label = self._label_position()
     if label is not None:
       _inputs.check_label_dtype(arrays[label], names[label] + " (labels)")
+      _inputs.check_label_shape(arrays[label], names[label] + " (labels)")
     return names, label
 
   def check_inputs(self, params: PyTree, *arrays: Any) -> None:
@@ -744,8 +889,10 @@ class PrivateSGD:
     """
     if mesh is not None and data is None:
       raise ValueError("mesh needs data=: the device-resident path shards the data over it.")
+    if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+      raise TypeError(f"mesh must be a jax.sharding.Mesh with axis 'data' (make_data_mesh, "
+                      f"multihost.global_mesh), got {type(mesh).__name__}.")
     ckpt = self._checkpointer
-    steps_paid = None
     if start_step is None:
       start = self._resume_step if ckpt is not None else 0
     else:
@@ -755,26 +902,67 @@ class PrivateSGD:
       start = int(start_step) if not isinstance(start_step, bool) else -1
     if start < 0 or (start > self.steps and not self.allow_extra_steps):
       raise ValueError(f"start_step must be in [0, steps={self.steps}], got {start_step!r}.")
-    if ckpt is not None:
-      steps_paid = max(start, ckpt.steps_paid())
-    sampler = PaidSampler(self, accountant, start, steps_paid)  # validates the accountant first
-    if self._opened:
-      raise ValueError("this plan already opened its sampler: one plan is one training run "
-                       "(a second sampler would reuse its sampling and noise keys). Call "
-                       "make_private again with a fresh key for another run.")
+    if ckpt is not None and "resume_step" not in self._run and (
+        ckpt.steps_paid() or ckpt.latest_step() is not None):
+      raise ValueError(f"checkpoint_dir {ckpt.directory} holds this run's steps "
+                       f"({ckpt.steps_paid()} paid): call restore(params) before sampler(); it "
+                       "returns the parameters and state to continue from.")
+    _check_accountant(accountant)
+    previous = self._opened[-1] if self._opened else None
+    if previous is not None and not previous._reopenable(accountant):  # pylint: disable=protected-access
+      raise ValueError("this plan already opened its sampler: one plan is one training run (a "
+                       "second sampler would reuse its sampling and noise keys). A corrected "
+                       "sampler(...) call may replace the first only before any update was "
+                       "applied and with the same accountant. Call make_private again with a "
+                       "fresh key for another run.")
+    # Steps released before this sampler: the durable ledger's, or start_step's.
+    earlier = max(start, ckpt.steps_paid()) if ckpt is not None else start
+    if previous is not None:
+      earlier = max(earlier, previous.steps_paid)
+    sampler = PaidSampler(self, accountant, start, earlier)  # validates the accountant first
     if jax.process_count() > 1:
       self._check_same_plan_on_every_process()
     if data is not None:
       sampler._device = self._device_path(data, mesh)  # pylint: disable=protected-access
-    if ckpt is not None and steps_paid:
-      # The durable ledger holds steps paid by an earlier process of this run; an
-      # in-memory accountant starts empty, so they are charged to it again here (a
-      # durable PrivacyBudget already holds them). Process 0's accountant decides, on
-      # every process (the charge is collective).
-      if not multihost.broadcast_from_coordinator(getattr(accountant, "path", None) is not None):
-        _spend_once(accountant, self.step_event(), steps_paid)
-    self._opened.append(True)
+      if ckpt is not None:
+        sampler._bind_data(data)  # pylint: disable=protected-access
+    if ckpt is not None:
+      ckpt.record_budget_path(getattr(accountant, "path", None))
+    if earlier and previous is None:
+      self._charge_earlier_steps(accountant, earlier)
+    if previous is not None:
+      previous._closed = True  # pylint: disable=protected-access
+    self._opened.append(sampler)
     return sampler
+
+  def _paid_event_and_count(self, steps: int) -> tuple[events.DpEvent, int]:
+    """What ``steps`` released steps of this run cost: the run's event once (correlated), or T x step."""
+    if self.noise_strategy is not None:
+      return self.run_event(), 1
+    return self.step_event(), steps
+
+  def _charge_earlier_steps(self, accountant: Any, steps: int) -> None:
+    """Charges the ``steps`` released before this sampler unless ``accountant`` provably holds them.
+
+    A run's ledger must hold every step it released, however it was resumed
+    (``start_step``, a restart on ``checkpoint_dir``). The accountant holds
+    them when it is the durable ``PrivacyBudget`` file that paid the run
+    (recorded in the run's ledger), or when its ledger already has at least
+    that many of this run's events; otherwise they are charged to it now,
+    before any batch exists. With several processes, process 0's accountant
+    decides for all (the charge is collective).
+    """
+    event, count = self._paid_event_and_count(steps)
+    holds = multihost.is_coordinator() and _ledger_holds(accountant, event, count,
+                                                         self._checkpointer)
+    if not multihost.broadcast_from_coordinator(holds):
+      try:
+        _spend_once(accountant, event, count)
+      except BudgetExceededError as err:
+        raise BudgetExceededError(
+            f"the accountant does not hold the {steps} step(s) this run released before the "
+            f"sampler was opened (start_step or the checkpoint ledger), and cannot pay them; "
+            f"nothing was sampled. ({err})") from err
 
   def _check_same_plan_on_every_process(self) -> None:
     """Every process must run the same plan: same keys, sigma, q, S, T, N, P (one all-gather)."""
@@ -994,9 +1182,19 @@ class PrivateSGD:
                         f"{type(state).__name__}.{kept}")
       current = state._host_step()  # pylint: disable=protected-access
       if current != ticket.step_index:
+        sampler = ticket._sampler  # pylint: disable=protected-access
+        if (current < ticket.step_index and sampler is not None
+            and sampler._hand_out_step_first(current)):  # pylint: disable=protected-access
+          raise ValueError(
+              f"the batch was paid for step {ticket.step_index} but the state has applied "
+              f"{current} updates: the batch of step {current} was handed out earlier and not "
+              f"used yet. Use it first: sampler.sample() hands it out again, then this one. "
+              f"Nothing was spent by this call.")
         raise ValueError(
             f"the batch was paid for step {ticket.step_index} but the state has applied "
-            f"{current} updates: reusing an old state would reuse its noise key.{kept}")
+            f"{current} updates: batches must be applied in the order they were paid, each to "
+            f"the state the previous step returned (an older state would reuse its noise "
+            f"key).{kept}")
       label = self._label_position()
       if isinstance(batch, DeviceBatch):
         sampler = ticket._sampler  # pylint: disable=protected-access

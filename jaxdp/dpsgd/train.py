@@ -329,6 +329,7 @@ def train_dpsgd(
   n = _validation.check_positive_int(int(y_rows), "len(y)")
   if loss is None:
     _inputs.check_label_dtype(y, "y")
+    _inputs.check_label_shape(y, "y")
   _inputs.check_examples((x, y), ("x", "y"), n)
   q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
   delta = _validation.check_delta(delta, allow_zero=False)

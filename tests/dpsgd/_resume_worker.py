@@ -43,7 +43,7 @@ def main(argv):
   x, y = data()
   private = plan(ckpt_dir)
   budget = PrivacyBudget(10.0, 1e-5, path=budget_path)
-  params, state = private.restore(jnp.zeros((D, K), jnp.float32))
+  params, state = private.restore(jnp.zeros((D, K), jnp.float32), data=(x, y))
   sampler = private.sampler(budget, data=(x, y))
   print(f"start {sampler.steps_sampled}", flush=True)
   while sampler.steps_remaining:

@@ -33,7 +33,7 @@ def _train(directory, stop=None, step=None):
   """Runs (or resumes) the plan; stops after ``stop`` sampled steps like a pre-empted job."""
   private = _plan(directory)
   acc = PrivacyAccountant()
-  params, state = private.restore(jnp.zeros((D, K), jnp.float32), step=step)
+  params, state = private.restore(jnp.zeros((D, K), jnp.float32), step=step, data=_data())
   sampler = private.sampler(acc, data=_data())
   noise_keys = []
   while sampler.steps_remaining and sampler.steps_sampled != stop:
