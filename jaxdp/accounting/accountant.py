@@ -39,7 +39,10 @@ dp_accounting's ``ADD_OR_REMOVE_ONE`` mode and the pure-DP
 ``log(1 + q(e^ε − 1))``) are proven; under replace-one only a Poisson-sampled
 Gaussian is accepted, and only ``"pld"`` (and ``"auto"``) bounds it, in
 dp_accounting's ``REPLACE_ONE`` mode (see
-:func:`~jaxdp.accounting.events.replace_one_sampled_gaussian_std`). Every other event is
+:func:`~jaxdp.accounting.events.replace_one_sampled_gaussian_std`), or a Gaussian
+sampled WITHOUT replacement (fixed-size batches), which only ``"rdp"`` bounds, in
+dp_accounting's ``REPLACE_ONE`` RDP mode (Wang, Balle & Kasiviswanathan 2019,
+Thm 27; :func:`~jaxdp.accounting.dpsgd_accounting.fixed_size_dpsgd_event`). Every other event is
 composed with dp_accounting in its ``ADD_OR_REMOVE_ONE`` mode, which for an
 unsampled mechanism computes the privacy curve of noise scale / sensitivity,
 whatever relation that sensitivity was computed for.
@@ -69,6 +72,7 @@ from jaxdp.accounting import zcdp
 from jaxdp.errors import ArgumentTypeError, BudgetExceededError
 
 _CompositionError = dpa_privacy_accountant.PrivacyAccountant.CompositionErrorDetails
+_dpa_relation = dpa_privacy_accountant.NeighboringRelation
 
 METHODS = ("pure", "basic", "rdp", "pld", "zcdp")
 
@@ -348,9 +352,10 @@ class PrivacyAccountant:
     if (relation == ev.REPLACE_ONE and ev.contains_sampling(event)
         and not ev.sampling_is_replace_one_accountable(event)):
       raise ValueError(
-          "under replace_one neighbours the only subsampled event accounted is a Poisson-sampled "
-          "GaussianDpEvent (by PLD); the other amplification bounds used here are proven for "
-          "add_remove neighbours only, and this accountant composes replace_one.")
+          "under replace_one neighbours the only subsampled events accounted are a Poisson-sampled "
+          "GaussianDpEvent (by PLD) and a GaussianDpEvent sampled without replacement (fixed-size "
+          "batches, by RDP), tagged replace_one; the other amplification bounds used here are "
+          "proven for add_remove neighbours only, and this accountant composes replace_one.")
     return relation
 
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
@@ -466,12 +471,23 @@ class PrivacyAccountant:
       # subsampled event a replace_one ledger may hold (a Poisson-sampled
       # Gaussian) has only the PLD analysis here.
       event = self.as_event()
-      replace_sampled = self._neighbouring == ev.REPLACE_ONE and ev.contains_sampling(event)
+      replace_one = self._neighbouring == ev.REPLACE_ONE
+      replace_sampled = replace_one and ev.contains_poisson_sampling(event)
+      without_replacement = ev.contains_sampling_without_replacement(event)
       if replace_sampled and method == "rdp":
         raise UnsupportedEventError(
             "the rdp accountant bounds Poisson-sampled events for add_remove neighbours only; "
             "this replace_one ledger is accounted with method='pld'.")
-      acc = (_RdpAccountant() if method == "rdp"
+      if without_replacement and method == "pld":
+        raise UnsupportedEventError(
+            "dp_accounting's PLD has no analysis of sampling without replacement (fixed-size "
+            "batches); a ledger holding a SampledWithoutReplacementDpEvent is accounted with "
+            "method='rdp' (Wang, Balle & Kasiviswanathan 2019, replace_one neighbours).")
+      # Sampling without replacement is analysed by dp_accounting's RDP in its REPLACE_ONE
+      # mode (Wang, Balle & Kasiviswanathan 2019, Thm 27); its other events do not depend on
+      # the mode (Gaussian, Laplace, zCDP and jaxdp's pure events), Poisson sampling is refused.
+      acc = ((_RdpAccountant(neighboring_relation=_dpa_relation.REPLACE_ONE)
+              if replace_one and without_replacement else _RdpAccountant()) if method == "rdp"
              else _PldAccountant(replace_one_sampling=replace_sampled))
       if not acc.supports(event):
         raise UnsupportedEventError(f"the {method} accountant does not support this ledger.")

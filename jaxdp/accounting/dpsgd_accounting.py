@@ -241,6 +241,142 @@ def resolve_noise_multiplier(target_epsilon: float | None, noise_multiplier: flo
                                     accountant=accountant, neighbouring=neighbouring)
 
 
+# -- fixed-size batches: sampling without replacement, replace-one neighbours ----------------------
+
+
+def check_fixed_size_accountant(accountant: str, name: str = "accountant") -> str:
+  """Validates the accountant of fixed-size (sampled without replacement) DP-SGD: ``"rdp"`` only.
+
+  dp_accounting (0.6) analyses ``SampledWithoutReplacementDpEvent`` with its RDP
+  accountant in ``REPLACE_ONE`` mode only (Wang, Balle & Kasiviswanathan 2019,
+  Thm 27); its PLD accountant has no analysis of that event.
+
+  Raises:
+    ValueError: ``"pld"`` or any other value, naming ``name``.
+  """
+  if accountant == "pld":
+    raise ValueError(
+        f"fixed-size batches (sampling without replacement) are accounted by RDP only: "
+        f"dp_accounting's PLD has no analysis of SampledWithoutReplacementDpEvent; pass "
+        f"{name}='rdp', got 'pld'.")
+  if accountant != "rdp":
+    raise ValueError(f"{name} must be 'rdp' for fixed-size batches, got {accountant!r}.")
+  return accountant
+
+
+def _check_fixed_size(num_examples: int, batch_size: int) -> tuple[int, int]:
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  b = _validation.check_positive_int(batch_size, "batch_size")
+  if b > n:
+    raise ValueError(f"batch_size must be <= num_examples={n} (a subset of distinct examples), "
+                     f"got {b}.")
+  return n, b
+
+
+def fixed_size_dpsgd_event(noise_multiplier: float, num_examples: int, batch_size: int,
+                           steps: int, *, unit: str = events.DEFAULT_UNIT) -> events.DpEvent:
+  """The DpEvent of ``steps`` DP-SGD steps on fixed-size batches drawn without replacement.
+
+  Each step sums the clipped gradients (norm <= C) of a uniformly random subset
+  of exactly ``B = batch_size`` of the ``N = num_examples`` examples and adds
+  ``N(0, (z C)^2 I)``. The dataset size N is public, so the relation is
+  REPLACE-ONE (one example replaced by another; add/remove would change N and
+  the subset law): replacing one example moves the sum by at most ``2C``. By
+  the convention of :mod:`jaxdp.accounting.events` (noise over the sensitivity
+  under the event's own relation) the Gaussian is ``Gaussian(z / 2)`` tagged
+  replace-one, as in :func:`dpsgd_event` with ``neighbouring="replace_one"``;
+  it is exactly the ``noise_multiplier`` dp_accounting's RDP accountant expects
+  for ``SampledWithoutReplacementDpEvent`` (its base Gaussian RDP is
+  ``alpha / (2 noise_multiplier^2)``, the Gaussian mechanism of replace-one
+  sensitivity ``2C``; Wang, Balle & Kasiviswanathan 2019, "Subsampled Renyi
+  differential privacy and analytical moments accountant", Thm 9 and Thm 27).
+  Amplification by sampling without replacement under replace-one: Balle,
+  Barthe & Gaboardi 2018, "Privacy amplification by subsampling", Thm 10.
+
+  Returns:
+    ``SelfComposed(SampledWithoutReplacement(N, B, Gaussian(z / 2, replace_one, unit)), T)``,
+    which a :class:`~jaxdp.accounting.PrivacyAccountant` bounds by ``"rdp"``
+    (not ``"pld"``: dp_accounting has no PLD of this event).
+  """
+  noise_multiplier = _validation.check_positive(noise_multiplier, "noise_multiplier")
+  n, b = _check_fixed_size(num_examples, batch_size)
+  steps = _validation.check_positive_int(steps, "steps")
+  gaussian = events.GaussianDpEvent(0.5 * noise_multiplier, neighbouring=events.REPLACE_ONE,
+                                    unit=unit)
+  return events.SelfComposedDpEvent(events.SampledWithoutReplacementDpEvent(n, b, gaussian), steps)
+
+
+def _dpa_fixed_size_event(noise_multiplier: float, num_examples: int, batch_size: int,
+                          steps: int) -> events.DpEvent:
+  """Untagged dp_accounting twin of :func:`fixed_size_dpsgd_event` (Gaussian ``z / 2``)."""
+  return dp_accounting.SelfComposedDpEvent(
+      dp_accounting.SampledWithoutReplacementDpEvent(
+          num_examples, batch_size, dp_accounting.GaussianDpEvent(0.5 * noise_multiplier)), steps)
+
+
+def _fixed_size_accountant() -> dp_accounting.PrivacyAccountant:
+  return rdp_privacy_accountant.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+
+
+def _fixed_size_epsilon(noise_multiplier: float, num_examples: int, batch_size: int, steps: int,
+                        delta: float) -> float:
+  acc = _fixed_size_accountant()
+  acc.compose(_dpa_fixed_size_event(noise_multiplier, num_examples, batch_size, steps))
+  return float(acc.get_epsilon(delta))
+
+
+def fixed_size_dpsgd_epsilon(noise_multiplier: float, num_examples: int, batch_size: int,
+                             steps: int, delta: float, accountant: str = "rdp") -> float:
+  """Replace-one ε of ``steps`` fixed-size DP-SGD steps (:func:`fixed_size_dpsgd_event`) at δ.
+
+  dp_accounting's RDP accountant in ``REPLACE_ONE`` mode (Wang, Balle &
+  Kasiviswanathan 2019, Thm 27), float64. ``accountant="pld"`` raises.
+  """
+  delta = _validation.check_delta(delta, allow_zero=False)
+  noise_multiplier = _validation.check_positive(noise_multiplier, "noise_multiplier")
+  n, b = _check_fixed_size(num_examples, batch_size)
+  steps = _validation.check_positive_int(steps, "steps")
+  check_fixed_size_accountant(accountant)
+  return _fixed_size_epsilon(noise_multiplier, n, b, steps, delta)
+
+
+def calibrate_fixed_size_noise_multiplier(target_epsilon: float, delta: float, num_examples: int,
+                                          batch_size: int, steps: int, accountant: str = "rdp",
+                                          tol: float = 1e-3) -> float:
+  """Smallest ``z = sigma / C`` (to ``tol``) whose fixed-size DP-SGD run is (ε, δ) replace-one DP.
+
+  Brent search of dp_accounting's ``calibrate_dp_mechanism`` on
+  :func:`fixed_size_dpsgd_epsilon`; the answer is then checked, and nudged up
+  if needed, so ``fixed_size_dpsgd_epsilon(result, ...) <= target_epsilon``
+  always holds. Each evaluation costs about 0.5 s (dp_accounting's RDP of
+  sampling without replacement at its default orders), a calibration ~10 s;
+  memoised.
+  """
+  target_epsilon = _validation.check_epsilon(target_epsilon, "target_epsilon")
+  delta = _validation.check_delta(delta, allow_zero=False)
+  n, b = _check_fixed_size(num_examples, batch_size)
+  steps = _validation.check_positive_int(steps, "steps")
+  tol = _validation.check_positive(tol, "tol")
+  check_fixed_size_accountant(accountant)
+  return _calibrate_fixed_size(float(target_epsilon), float(delta), n, b, steps, float(tol))
+
+
+@functools.lru_cache(maxsize=64)
+def _calibrate_fixed_size(target_epsilon: float, delta: float, num_examples: int,
+                          batch_size: int, steps: int, tol: float) -> float:
+  z = float(dp_accounting.calibrate_dp_mechanism(
+      _fixed_size_accountant,
+      lambda z: _dpa_fixed_size_event(z, num_examples, batch_size, steps),
+      target_epsilon, delta,
+      bracket_interval=dp_accounting.LowerEndpointAndGuess(1e-2, 2.0), tol=tol))
+  for _ in range(10_000):
+    if _fixed_size_epsilon(z, num_examples, batch_size, steps, delta) <= target_epsilon:
+      return z
+    z += tol
+  raise RuntimeError("noise calibration failed to reach the target epsilon.")  # pragma: no cover
+
+
 def expected_batch_size(sample_rate: float, dataset_size: int) -> float:
   """q · N, the batch size that DP-SGD's noisy sum is divided by."""
   return _validation.check_sample_rate(sample_rate) * _validation.check_positive_int(
@@ -254,11 +390,15 @@ def steps_for_epochs(epochs: float, sample_rate: float) -> int:
 
 
 __all__ = [
+    "calibrate_fixed_size_noise_multiplier",
     "calibrate_noise_multiplier",
+    "check_fixed_size_accountant",
     "check_relation_and_accountant",
     "dpsgd_epsilon",
     "dpsgd_event",
     "expected_batch_size",
+    "fixed_size_dpsgd_epsilon",
+    "fixed_size_dpsgd_event",
     "make_accountant",
     "steps_for_epochs",
 ]

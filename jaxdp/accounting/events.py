@@ -312,17 +312,32 @@ def contains_sampling(event: DpEvent) -> bool:
 
 
 def sampling_is_replace_one_accountable(event: DpEvent) -> bool:
-  """Whether every subsampled subtree of ``event`` is a Poisson-sampled Gaussian tagged replace-one.
+  """Whether every subsampled subtree of ``event`` is a sampled Gaussian tagged replace-one.
 
   Under ``replace_one`` neighbours these are the only subsampled events jaxdp
-  accounts (by PLD, see :func:`replace_one_sampled_gaussian_std`); every other
-  amplification bound here is proven for add/remove only. Tagged on purpose: an
-  untagged dp_accounting Gaussian usually carries DP-SGD's ``z = sigma / C``
-  (add/remove), which read as ``sigma / (2C)`` would halve the sensitivity.
+  accounts: a Poisson-sampled Gaussian (by PLD, see
+  :func:`replace_one_sampled_gaussian_std`) and a Gaussian sampled WITHOUT
+  replacement, fixed-size batches (by RDP, Wang, Balle & Kasiviswanathan 2019,
+  Thm 27; :func:`jaxdp.accounting.dpsgd_accounting.fixed_size_dpsgd_event`);
+  every other amplification bound here is proven for add/remove only. Tagged on
+  purpose: an untagged dp_accounting Gaussian usually carries DP-SGD's
+  ``z = sigma / C`` (add/remove), which read as ``sigma / (2C)`` would halve the
+  sensitivity.
   """
-  return all(isinstance(s, PoissonSampledDpEvent) and isinstance(s.event, _DpaGaussianDpEvent)
+  return all(isinstance(s, (PoissonSampledDpEvent, SampledWithoutReplacementDpEvent))
+             and isinstance(s.event, _DpaGaussianDpEvent)
              and getattr(s.event, "neighbouring", None) == REPLACE_ONE
              for s in _sampled_subtrees(event))
+
+
+def contains_poisson_sampling(event: DpEvent) -> bool:
+  """Whether the tree holds a Poisson-sampled event."""
+  return any(isinstance(s, PoissonSampledDpEvent) for s in _sampled_subtrees(event))
+
+
+def contains_sampling_without_replacement(event: DpEvent) -> bool:
+  """Whether the tree holds a sampled-without-replacement (fixed-size batch) event."""
+  return any(isinstance(s, SampledWithoutReplacementDpEvent) for s in _sampled_subtrees(event))
 
 
 def replace_one_sampled_gaussian_std(noise_multiplier: float) -> float:
@@ -452,7 +467,8 @@ def event_from_dict(data: dict) -> DpEvent:
 
 __all__ = [
     "ADD_REMOVE", "DEFAULT_UNIT", "NeighbouringRelation", "REPLACE_ONE", "TAGGED_EVENT_TYPES",
-    "check_neighbouring", "check_unit", "contains_sampling", "leaf_tags",
+    "check_neighbouring", "check_unit", "contains_poisson_sampling", "contains_sampling",
+    "contains_sampling_without_replacement", "leaf_tags",
     "replace_one_from_add_remove", "with_neighbouring",
     "ApproxDpEvent", "ComposedDpEvent", "DpEvent", "ExponentialMechanismDpEvent",
     "GaussianDpEvent", "LaplaceDpEvent", "NonPrivateDpEvent", "NoOpDpEvent",

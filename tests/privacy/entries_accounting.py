@@ -85,6 +85,27 @@ _DECLARED = {
         "constructs an empty dp_accounting RDP/PLD accountant object; holds no data",
     "jaxdp.accounting.dpsgd_accounting.resolve_noise_multiplier":
         _CALIBRATION + ": sigma given, or calibrated from (target_epsilon, delta, q, T).",
+    # -- fixed-size (without replacement) and user-level batch selection ----------------
+    "jaxdp.accounting.dpsgd_accounting.fixed_size_dpsgd_event":
+        _EVENT + ": T x SampledWithoutReplacement(N, B, Gaussian(sigma / 2)) tagged replace_one.",
+    "jaxdp.accounting.dpsgd_accounting.fixed_size_dpsgd_epsilon":
+        _CALIBRATION + ": replace-one RDP epsilon of T fixed-size steps at (sigma, N, B, delta).",
+    "jaxdp.accounting.dpsgd_accounting.calibrate_fixed_size_noise_multiplier":
+        _CALIBRATION + ": the smallest sigma for (target_epsilon, delta) at (N, B, T).",
+    "jaxdp.accounting.dpsgd_accounting.check_fixed_size_accountant":
+        "validates a public accountant string ('rdp' only); no data, no event",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.event":
+        _EVENT + ": fixed_size_dpsgd_event of the sampler's public (N, B).",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.epsilon":
+        _CALIBRATION + ": fixed_size_dpsgd_epsilon of public (sigma, N, B, T, delta).",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.calibrate_noise_multiplier":
+        _CALIBRATION + ": calibrate_fixed_size_noise_multiplier at public (N, B, T).",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.event":
+        _EVENT + ": dpsgd_event at the public user rate q, unit 'user'.",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.epsilon":
+        _CALIBRATION + ": dpsgd_epsilon of public (sigma, q, T, delta) at the user rate.",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.calibrate_noise_multiplier":
+        _CALIBRATION + ": calibrate_noise_multiplier at the public user rate q.",
     # -- audit ------------------------------------------------------------------------------
     "jaxdp.audit.AuditReport":
         "an audit's result (empirical lower bound on a mechanism's epsilon and its test counts) "
