@@ -147,6 +147,16 @@ def _differing_fields(stored: dict, given: dict) -> list[str]:
   return sorted(k for k in keys if k not in stored or k not in given or stored[k] != given[k])
 
 
+def _is_empty(x: Any) -> bool:
+  return (isinstance(x, (np.ndarray, jax.Array)) and not _is_typed_key(x)
+          and int(np.prod(np.shape(x))) == 0)
+
+
+def _stand_in_for_empty(x: Any) -> Any:
+  """A 0-d stand-in for a leaf with no elements (Orbax refuses to save empty arrays)."""
+  return np.zeros((), np.int8) if _is_empty(x) else x
+
+
 def _is_typed_key(x: Any) -> bool:
   return isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
@@ -346,6 +356,7 @@ class RunCheckpointer:
     # NumPy scalars travel as 0-d arrays (Orbax restores no np.generic leaf).
     state = jax.tree.map(
         lambda x: np.array(x, copy=True) if isinstance(x, (np.ndarray, np.generic)) else x, state)
+    state = jax.tree.map(_stand_in_for_empty, state)
     ocp = _ocp()
     # force=True: the decision to save is the caller's (Orbax's default policy would silently skip
     # a save while another is in flight).
@@ -379,7 +390,10 @@ class RunCheckpointer:
     ocp = _ocp()
     orbax_template = jax.tree.map(
         lambda x: np.zeros((), x.dtype) if isinstance(x, np.generic) else x, template)
+    orbax_template = jax.tree.map(_stand_in_for_empty, orbax_template)
     state = self._manager.restore(step, args=ocp.args.StandardRestore(orbax_template))
+    # Empty leaves (e.g. the noise history of a one-band strategy) hold no values: the template's.
+    state = jax.tree.map(lambda want, got: want if _is_empty(want) else got, template, state)
     state = jax.tree.map(lambda want, got: want.dtype.type(got[()])
                          if isinstance(want, np.generic) else got, template, state)
     # Orbax restores a key with the implementation it was saved with, whatever the template's.

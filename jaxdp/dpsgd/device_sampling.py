@@ -45,6 +45,21 @@ accountant analyses (``PoissonSampled(q, Gaussian(sigma))``; paper
   the replicated key: every device computes the same noise, as in
   :mod:`.data_parallel`.
 
+* **Extra mask factor.** ``row_mask`` (a (rows,) bool, sharded like the
+  data) is AND-ed into the inclusion bits before anything is gathered: cyclic
+  Poisson sampling of a correlated-noise plan (``row_mask = cyclic_groups ==
+  t mod b``, :mod:`.correlated.participation`) keeps row n iff it is in the
+  step's group AND its Poisson bit is set -- the batch
+  ``CyclicPoissonSampler.indices(t, step_key)`` draws on the host. The group
+  words come from their own key by the same partitionable Threefry, so they
+  too are the same on any mesh; :func:`computed_rows` evaluates them where the
+  rows live, once.
+* **Clip norm per step.** With ``make_grad_fn`` (adaptive clipping, Andrew et
+  al. 2021), the clipped-gradient function is built inside the jitted step
+  from the current clip norm C_t (a traced scalar, replicated into the
+  ``shard_map``), clipping in units of C_t exactly as the host path does; the
+  fixed-clip path is the same program as before.
+
 Padding rule (shared with :mod:`.multihost`): with D shards, the arrays hold
 ``N_pad = D ceil(N / D)`` rows, sharded contiguously along the mesh axis
 ``"data"``; rows ``>= N`` are zero padding.
@@ -155,20 +170,58 @@ def local_clipped_sum(grad_fn: Callable[..., Any], params: PyTree, keep: jax.Arr
   return gsum, (loss, num, clipped)
 
 
-def clipped_sum_fn(grad_fn: Callable[..., Any], *, num_examples: int, sample_rate: float,
-                   padded_size: int, mesh: Any = None) -> Callable[..., Any]:
-  """``(params, step_key, arrays) -> (grad_sum, stats)``: sample in-jit, then clip and sum.
+def clipped_sum_fn(grad_fn: Callable[..., Any] | None, *, num_examples: int,
+                   sample_rate: float, padded_size: int, mesh: Any = None,
+                   make_grad_fn: Callable[[jax.Array], Callable[..., Any]] | None = None
+                   ) -> Callable[..., Any]:
+  """``(params, step_key, arrays, *, row_mask, clip_norm) -> (grad_sum, stats)``: sample in-jit, clip, sum.
 
   Without ``mesh``: one device, ``arrays`` hold exactly N rows. With a mesh
   (axis ``"data"``, D devices, of one or several processes): ``arrays`` hold
   ``N_pad`` rows sharded ``P("data")``; each device samples, gathers and clips
   its own rows and the sums are ``psum``-reduced (module docstring). Traceable.
+
+  Args:
+    grad_fn: the clipped-gradient function ``(params, MaskedBatch) -> (sum, info)``
+      of a fixed clip norm; None with ``make_grad_fn``.
+    num_examples: N.
+    sample_rate: the rate q of the Poisson inclusion bits (with cyclic groups,
+      the in-group rate p).
+    padded_size: the static chunk size P per device.
+    mesh: optional 1-D mesh with axis ``"data"``.
+    make_grad_fn: ``clip_norm -> grad_fn`` for a clip norm that changes every
+      step (adaptive clipping): the returned function then needs
+      ``clip_norm=`` (a scalar, traced inside the step) and builds the clipped
+      gradient function from it inside the jitted call.
+
+  The returned function takes ``row_mask`` (optional (rows,) bool, N rows or
+  ``N_pad`` sharded rows): an extra factor of the inclusion mask (cyclic
+  groups). ``stats`` is ``(loss_sum, num_examples, num_clipped)``, NON-PRIVATE.
   """
+  if (grad_fn is None) == (make_grad_fn is None):
+    raise ValueError("give exactly one of grad_fn (a fixed clip norm) or make_grad_fn (a clip "
+                     "norm per step).")
   n, q = int(num_examples), float(sample_rate)
+  per_step = make_grad_fn is not None
+
+  def grad_fn_for(clip_norm):
+    if per_step:
+      if clip_norm is None:
+        raise ValueError("clip_norm is required: this clipped sum builds its clipped gradient "
+                         "function from the clip norm of the step (make_grad_fn).")
+      return make_grad_fn(clip_norm)
+    if clip_norm is not None:
+      raise ValueError("clip_norm is only accepted with make_grad_fn (a fixed-clip grad_fn "
+                       "clips to its own norm).")
+    return grad_fn
+
   if mesh is None:
-    def fn(params, step_key, arrays):
+    def fn(params, step_key, arrays, *, row_mask=None, clip_norm=None):
+      step_grad_fn = grad_fn_for(clip_norm)
       keep = inclusion_mask(step_key, n, q, n)
-      return local_clipped_sum(grad_fn, params, keep, arrays, padded_size)
+      if row_mask is not None:
+        keep = keep & row_mask
+      return local_clipped_sum(step_grad_fn, params, keep, arrays, padded_size)
     return fn
 
   if DATA_AXIS not in mesh.axis_names:
@@ -177,20 +230,46 @@ def clipped_sum_fn(grad_fn: Callable[..., Any], *, num_examples: int, sample_rat
   rows = padded_num_rows(n, d)
   row_sharding = NamedSharding(mesh, P(DATA_AXIS))
 
-  def local(params, keep, arrays):
-    gsum, (loss, num, clipped) = local_clipped_sum(grad_fn, params, keep, arrays, padded_size)
+  def local(params, keep, arrays, *clip):
+    step_grad_fn = make_grad_fn(clip[0]) if clip else grad_fn
+    gsum, (loss, num, clipped) = local_clipped_sum(step_grad_fn, params, keep, arrays,
+                                                   padded_size)
     psum = lambda v: jax.lax.psum(v, DATA_AXIS)
     return jax.tree.map(psum, gsum), (psum(loss), psum(num), psum(clipped))
 
-  def fn(params, step_key, arrays):
+  def fn(params, step_key, arrays, *, row_mask=None, clip_norm=None):
+    grad_fn_for(clip_norm)  # argument check
     keep = inclusion_mask(step_key, n, q, rows)
+    if row_mask is not None:
+      keep = keep & row_mask
     keep = jax.lax.with_sharding_constraint(keep, row_sharding)
+    # The clip norm (adaptive) enters replicated, like the params.
+    extra = () if clip_norm is None else (jnp.asarray(clip_norm),)
     mapped = jax.shard_map(local, mesh=mesh,
-                           in_specs=(P(), P(DATA_AXIS), P(DATA_AXIS)),
+                           in_specs=(P(), P(DATA_AXIS), P(DATA_AXIS)) + (P(),) * len(extra),
                            out_specs=(P(), (P(), P(), P())), check_vma=False)
-    return mapped(params, keep, arrays)
+    return mapped(params, keep, arrays, *extra)
 
   return fn
+
+
+def computed_rows(fn: Callable[[int], jax.Array], num_examples: int, mesh: Any = None) -> jax.Array:
+  """``fn(R)``, a ``(R, ...)`` per-row array, computed on the device(s) where the rows live.
+
+  ``R = N`` without ``mesh`` (default device); with a mesh ``R = N_pad``, the
+  output sharded ``P("data")`` like the data of :func:`place_data`, each
+  device computing its own rows (also on several processes: ``fn`` must be
+  the same on each and depend on nothing but its closed-over constants). For
+  per-row values drawn from a key by partitionable Threefry, e.g. the cyclic
+  groups of :func:`.correlated.participation.cyclic_groups`: the values do not
+  depend on R or the mesh (module docstring). Computed once, then passed to
+  every step as ``row_mask`` material.
+  """
+  n = _validation.check_positive_int(num_examples, "num_examples")
+  if mesh is None:
+    return jax.jit(lambda: fn(n))()
+  rows = padded_num_rows(n, mesh.shape[DATA_AXIS])
+  return jax.jit(lambda: fn(rows), out_shardings=NamedSharding(mesh, P(DATA_AXIS)))()
 
 
 def place_data(arrays: tuple, num_examples: int, mesh: Any = None) -> tuple:
@@ -222,5 +301,5 @@ def place_data(arrays: tuple, num_examples: int, mesh: Any = None) -> tuple:
   return tuple(jax.tree.map(place, a) for a in arrays)
 
 
-__all__ = ["chunk_slots", "clipped_sum_fn", "inclusion_mask", "local_clipped_sum",
+__all__ = ["chunk_slots", "clipped_sum_fn", "computed_rows", "inclusion_mask", "local_clipped_sum",
            "local_padded_size", "padded_num_rows", "place_data"]

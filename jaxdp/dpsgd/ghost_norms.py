@@ -66,6 +66,21 @@ forms, whose terms have both signs, get the absolute bound
 ||a_t|| ||a_s|| ||delta_t|| ||delta_s||). Like ``method="reweight"``, the
 clipped sum itself is one batched contraction, with the rounding of an
 ordinary backward pass.
+
+Huge and non-finite gradients (as in :mod:`jaxdp.dpsgd.clipping`). Every
+array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
+fallback gradients -- is first scaled per example by the power of two
+``2^-k`` just above its largest entry (exact), so the norms of finite
+gradients never overflow (entries of 1e30 in float32 are clipped correctly);
+each leaf's squared norm is carried as ``4^k (sq + err)``, and leaves are
+combined exactly by their exponents, the clip factor being
+``min(1, 2^-E c' / sqrt(S))`` (set to 0 if it falls below the smallest normal
+float32). Terms that underflow after the scaling are covered by an absolute
+``2^-100`` per summed term in ``err``. An example with an inf or NaN anywhere in
+``a_n``, ``delta_n`` or its materialised/fallback gradients contributes EXACTLY
+ZERO (its activations and cotangents are replaced by zeros with
+``jnp.where`` before the book-keeping contraction), counts as clipped and has
+norm ``inf`` in the non-private diagnostics.
 """
 
 from __future__ import annotations
@@ -79,6 +94,8 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+
+from jaxdp.dpsgd import clipping as _clipping
 
 PyTree = Any
 
@@ -411,6 +428,32 @@ def _rows_sumsq(x) -> tuple[jax.Array, float]:
   return jnp.sum(v, axis=1), _gamma(roundings)
 
 
+_UNDERFLOW_SLACK = 2.0 ** -100  # absolute, per summed term, in scaled units (module docstring)
+
+
+def _row_scale(x) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """``(x 2^-k, k, finite)`` per example (row) of (B, ...): ``2^k`` just above the row's max |x|.
+
+  Exact (a change of exponent; ``k`` clamped so ``2^+-k`` stay normal). ``finite`` is
+  False for a row with an inf or NaN (its scaled row is then meaningless).
+  """
+  x = _f32(x)
+  b = x.shape[0]
+  if x.size == 0:
+    return x, jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool)
+  m = jnp.max(jnp.abs(x.reshape((b, -1))), axis=1).astype(jnp.float32)
+  finite = jnp.isfinite(m)
+  _, k = jnp.frexp(jnp.where(finite, m, 0.0))
+  lo, hi = _clipping._exponent_range([x])  # pylint: disable=protected-access
+  k = jnp.clip(k, lo, hi).astype(jnp.int32)
+  scale = jnp.ldexp(jnp.ones((b,), x.dtype), -k).reshape((b,) + (1,) * (x.ndim - 1))
+  return x * scale, k, finite
+
+
+def _row_terms(x) -> int:
+  return int(math.prod(x.shape[1:])) if x.ndim > 1 else 1
+
+
 def _tokens(x, keep_last: int):
   """(B, ...) -> (B, T, rest) with the last ``keep_last`` axes flattened into ``rest``."""
   b = x.shape[0]
@@ -503,15 +546,21 @@ def _gram_sq(a, d, n_a: int, n_d: int):
   return sq, err
 
 
-def _layer_sq_norms(call: _Call, leaves, a, d) -> dict:
-  """{leaf: (squared norm (B,), absolute error bound (B,), per-example grads or None)}.
+def _layer_sq_norms(call: _Call, leaves, a, d) -> tuple[dict, jax.Array]:
+  """``({leaf: (sq (B,), err (B,), k (B,), grads or None)}, finite (B,))``.
 
-  Materialised leaves return their per-example gradients (B, ...): their clipped
-  sum is then ``sum_n C_n g_n`` of exactly the vectors whose norms were
-  computed (as in the vmap method). Ghost leaves return None and are summed by
-  book-keeping.
+  The leaf's squared per-example norm is at most ``4^k (sq + err)`` (module
+  docstring: ``sq`` from power-of-two-scaled inputs, ``err`` its rounding and
+  underflow bound). Materialised leaves return their (unscaled) per-example
+  gradients (B, ...): their clipped sum is then ``sum_n C_n g_n`` of exactly
+  the vectors whose norms were computed (as in the vmap method). Ghost leaves
+  return None and are summed by book-keeping. ``finite`` is False for an
+  example with an inf or NaN in ``a_n``, ``delta_n`` or a materialised gradient.
   """
   out = {}
+  b = d.shape[0]
+  finite = jnp.ones((b,), bool)
+  grads = None
   if call.strategy == "materialise" and call.kind == "conv" and call.patches:
     # grad_W(n) = P_n^T delta_n from the unfolded input P_n (T, c_in k_1..k_r): one
     # batched GEMM, where the vmapped conv vjp is a grouped convolution (slow on XLA:CPU).
@@ -527,84 +576,104 @@ def _layer_sq_norms(call: _Call, leaves, a, d) -> dict:
   elif call.strategy == "materialise":
     grads = _materialise(call, leaves, a, d)
   if call.strategy == "materialise":
+    # a and delta are checked too: a non-finite input can give a finite (0 * inf = NaN is
+    # not finite, but e.g. a zero cotangent) gradient here and a NaN elsewhere.
+    for x in (a, d):
+      if jnp.issubdtype(x.dtype, jnp.floating):
+        finite = jnp.logical_and(finite, _row_scale(x)[2])
     for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]:
       i = call.leaves[jax.tree_util.keystr(path)]
       g = _f32(g)
-      sq, gam = _rows_sumsq(g)
-      out[i] = (sq, sq * gam, g)
-    return out
-  d32 = _f32(d)
+      gs, k, fin = _row_scale(g)
+      sq, gam = _rows_sumsq(gs)
+      finite = jnp.logical_and(finite, fin)
+      out[i] = (sq, sq * gam + _UNDERFLOW_SLACK * _row_terms(g), k, g)
+    return out, finite
+  ds, kd, fd = _row_scale(d)
+  finite = jnp.logical_and(finite, fd)
   if call.kind == "embed":
     ids = a.reshape((a.shape[0], -1))
-    dt = _tokens(d32, 1)
+    dt = _tokens(ds, 1)
     eq = (ids[:, :, None] == ids[:, None, :]).astype(jnp.float32)
     gd = jnp.einsum("btk,bsk->bts", dt, dt, precision=jax.lax.Precision.HIGHEST)
     sq = jnp.sum(eq * gd, axis=(1, 2))
     s = jnp.sum(jnp.sqrt(_sumsq(dt, 2)), axis=1)
     t = dt.shape[1]
-    out[call.leaves["['embedding']"]] = (
-        sq, _gamma(dt.shape[2] + t * t + 2) * 2.0 * jnp.square(s), None)
-    return out
+    err = (_gamma(dt.shape[2] + t * t + 2) * 2.0 * jnp.square(s)
+           + _UNDERFLOW_SLACK * (dt.shape[2] * t + t * t))
+    out[call.leaves["['embedding']"]] = (sq, err, kd, None)
+    return out, finite
+  as_, ka, fa = _row_scale(a)
+  finite = jnp.logical_and(finite, fa)
   if call.kind == "dense":
-    at = _tokens(_f32(a), 1)
-  else:  # conv, gram via patches
-    at = _conv_patches(call, a)
-  dt = _tokens(d32, 1)
+    at = _tokens(as_, 1)
+  else:  # conv, gram via patches (patches of the scaled input: pure data movement, exact)
+    at = _conv_patches(call, as_)
+  dt = _tokens(ds, 1)
+  slack = _UNDERFLOW_SLACK * (at.shape[1] * (at.shape[2] + dt.shape[2]) + at.shape[1] ** 2)
   if call.strategy == "outer":
     (a2, gam_a), (d2, gam_d) = _rows_sumsq(at), _rows_sumsq(dt)
     sq = a2 * d2
-    err = sq * (gam_a + gam_d + gam_a * gam_d + 4 * _U)
+    err = sq * (gam_a + gam_d + gam_a * gam_d + 4 * _U) + slack * (1.0 + a2 + d2)
   else:
     sq, err = _gram_sq(at, dt, at.shape[2], dt.shape[2])
-  out[call.leaves["['kernel']"]] = (sq, err, None)
+    err = err + slack
+  out[call.leaves["['kernel']"]] = (sq, err, ka + kd, None)
   if "['bias']" in call.leaves:
-    # grad_b = sum_t delta_t, materialised (p numbers per example).
+    # grad_b = sum_t delta_t, materialised (p numbers per example), from the raw delta.
     bias = leaves[call.leaves["['bias']"]]
-    gb = jnp.sum(dt, axis=1).reshape((dt.shape[0],) + tuple(jnp.shape(bias)))
-    sqb, gam_b = _rows_sumsq(gb)
-    out[call.leaves["['bias']"]] = (sqb, sqb * gam_b, gb)
-  return out
+    gb = jnp.sum(_tokens(_f32(d), 1), axis=1).reshape((b,) + tuple(jnp.shape(bias)))
+    gbs, kb, fb = _row_scale(gb)
+    sqb, gam_b = _rows_sumsq(gbs)
+    finite = jnp.logical_and(finite, fb)
+    out[call.leaves["['bias']"]] = (sqb, sqb * gam_b + _UNDERFLOW_SLACK * _row_terms(gb), kb, gb)
+  return out, finite
 
 
 def _leaf_groups(params, per_layer: bool, clip_spec: Any, even_split: bool) -> tuple[list, list]:
-  """(group index per leaf, clip norm per group)."""
-  leaves = jax.tree.leaves(params)
-  n = len(leaves)
-  if not per_layer:
-    return [0] * n, [float(clip_spec)]
-  if even_split:
-    c = float(clip_spec) / math.sqrt(max(n, 1))
-    return list(range(n)), [c] * n
-  group_of: list = [None] * n
-  clips: list = []
-  idx_tree = jax.tree.unflatten(jax.tree.structure(params), list(range(n)))
-
-  def assign(c, sub):
-    g = len(clips)
-    clips.append(float(c))
-    for i in jax.tree.leaves(sub):
-      group_of[i] = g
-    return sub
-
-  try:
-    jax.tree.map(assign, clip_spec, idx_tree)
-  except ValueError as err:
-    raise ValueError("with per_layer=True, l2_clip_norm must be a float or a pytree "
-                     "that is a prefix of the params tree (one clip norm per group); "
-                     f"it does not match the gradient structure: {err}") from err
-  return group_of, clips
+  """(group index per leaf, clip norm per group); :func:`jaxdp.dpsgd.clipping.leaf_groups`."""
+  return _clipping.leaf_groups(params, per_layer, clip_spec, even_split)
 
 
-def _safe_factor(bound_sq, clip: float):
-  """min(1, c' / sqrt(bound)) with c' rounded down so rounding never raises the factor."""
-  if math.isinf(clip):
-    return jnp.ones_like(bound_sq)
-  target = clip * (1.0 - _U) ** 3 / (1.0 + _U) ** 3 * (1.0 - 1e-15)
-  c = np.float32(target)
-  if float(c) > target:
-    c = np.nextafter(c, np.float32(0.0))
-  norm = jnp.sqrt(bound_sq)
-  return jnp.minimum(1.0, jnp.float32(c) / norm)
+def _safe_clip(clip: Any) -> Any:
+  """c' with ``fl(c' / sqrt(bound))``, its exact power-of-two scaling and the product
+  with the cotangent never above ``c / ||g||`` (three roundings, rounded down to float32;
+  one more for a traced clip, whose product with the constant rounds too)."""
+  if isinstance(clip, (int, float, np.floating)):
+    clip = float(clip)
+    if math.isinf(clip):
+      return clip
+    target = clip * (1.0 - _U) ** 3 / (1.0 + _U) ** 3 * (1.0 - 1e-15)
+    c = np.float32(target)
+    if float(c) > target:
+      c = np.nextafter(c, np.float32(0.0))
+    return float(c)
+  m = _clipping.float32_at_most((1.0 - _U) ** 4 / (1.0 + _U) ** 3 * (1.0 - 1e-15))
+  return jnp.asarray(clip, jnp.float32) * jnp.float32(m)
+
+
+def _safe_factor(exponent, bound_sq, clip: Any, cap: Any = None):
+  """``min(cap, c' / (2^E sqrt(bound)))``: the clip factor of ``||g||^2 <= 4^E bound``.
+
+  ``cap`` is 1 (fixed clipping) or ``1/D`` (adaptive clipping: clip to ``D c``, then
+  divide by D). A factor below the smallest normal float32 is set to 0 (its rounding
+  could be relatively large; a zero contribution always satisfies the bound).
+  """
+  cap = jnp.float32(1.0) if cap is None else jnp.asarray(cap, jnp.float32)
+  c = _safe_clip(clip)
+  if isinstance(c, float) and math.isinf(c):
+    return jnp.broadcast_to(cap, jnp.shape(bound_sq)), jnp.zeros(jnp.shape(bound_sq), bool)
+  ratio = jnp.ldexp(c / jnp.sqrt(bound_sq), -jnp.maximum(exponent, -1000))
+  f = jnp.minimum(cap, ratio)
+  f = jnp.where(f < jnp.finfo(jnp.float32).tiny, 0.0, f)
+  return f, ratio < cap
+
+
+def _combine(parts):
+  """``(E, S)`` with ``sum_i 4^(k_i) v_i <= 4^E S`` for (B,) pairs ``(k_i, v_i)``."""
+  if not parts:
+    return None, None
+  return _clipping._combine_scaled(parts)  # pylint: disable=protected-access
 
 
 def per_example_sq_norms(loss_fn: Callable[..., Any], params: PyTree, *args: Any,
@@ -627,23 +696,26 @@ def per_example_sq_norms(loss_fn: Callable[..., Any], params: PyTree, *args: Any
   _, acts, deltas, fb_grads, _ = _capture(loss_fn, plan, params, mask, args, batch_argnums, has_aux)
   sq = [None] * len(leaves)
   for c, a, d in zip(plan.calls, acts, deltas):
-    for i, (s, _, _) in _layer_sq_norms(c, leaves, a, d).items():
-      sq[i] = s
+    for i, (s, _, k, _) in _layer_sq_norms(c, leaves, a, d)[0].items():
+      sq[i] = jnp.ldexp(s, 2 * k)
   for i, g in zip(plan.fallback_leaves, fb_grads):
-    sq[i] = _rows_sumsq(g)[0]
+    gs, k, _ = _row_scale(g)
+    sq[i] = jnp.ldexp(_rows_sumsq(gs)[0], 2 * k)
   return jax.tree.unflatten(treedef, sq)
 
 
 def ghost_chunk_sums(loss_fn: Callable[..., Any], params: PyTree, mask: jax.Array, args: tuple, *,
                      batch_argnums: Sequence[int], has_aux: bool, per_layer: bool, clip_spec: Any,
-                     even_split: bool):
+                     even_split: bool, unit_inverse: Any = None):
   """Clipped gradient sum of one chunk by ghost norms + book-keeping.
 
-  Returns ``(grad_sum, loss_sum, norms, num_clipped, aux)`` with the meaning of
-  ``clipping.clipped_grad``'s chunk sums: ``grad_sum = sum_n mask_n sum_k
-  C_{n,k} g_{n,k}`` with ``C_{n,k} = min(1, c_k / ||g_{n,k}||)`` for clip group
-  k (one group for flat clipping), ``norms`` the global pre-clip norms (0 for
-  masked slots).
+  Returns ``(grad_sum, loss_sum, norms, num_clipped, num_clipped_per_group, aux)``
+  with the meaning of ``clipping.clipped_grad``'s chunk sums: ``grad_sum = sum_n
+  mask_n sum_k C_{n,k} g_{n,k}`` with ``C_{n,k} = min(1, c_k / ||g_{n,k}||)`` for
+  clip group k (one group for flat clipping; ``min(1/D, ...)`` with
+  ``unit_inverse = 1/D``), ``norms`` the global pre-clip norms (0 for masked
+  slots, ``inf`` for non-finite examples, which contribute zero),
+  ``num_clipped_per_group`` a (G,) count under per-layer clipping (else None).
   """
   batch_argnums = tuple(batch_argnums)
   plan = make_plan(loss_fn, params, *args, batch_argnums=batch_argnums, has_aux=has_aux)
@@ -654,39 +726,53 @@ def ghost_chunk_sums(loss_fn: Callable[..., Any], params: PyTree, mask: jax.Arra
                                                has_aux)
   group_of, clips = _leaf_groups(params, per_layer, clip_spec, even_split)
   n_groups = len(clips)
-  sq_g = [jnp.zeros((b,), jnp.float32) for _ in range(n_groups)]
-  err_g = [jnp.zeros((b,), jnp.float32) for _ in range(n_groups)]
-  total = jnp.zeros((b,), jnp.float32)
+  parts_g: list = [[] for _ in range(n_groups)]
+  diag_parts: list = []  # (k, sq) without the error bounds: the reported norms
+  finite = jnp.ones((b,), bool)
   materialised: dict = {}
   for c, a, d in zip(plan.calls, acts, deltas):
-    for i, (s, e, gi) in _layer_sq_norms(c, leaves, a, d).items():
+    terms, fin = _layer_sq_norms(c, leaves, a, d)
+    finite = jnp.logical_and(finite, fin)
+    for i, (s, e, k, gi) in terms.items():
       if gi is not None:
         materialised[i] = gi
-      g = group_of[i]
-      sq_g[g] = sq_g[g] + s
-      err_g[g] = err_g[g] + e
-      total = total + s
+      parts_g[group_of[i]].append((k, s + e))
+      diag_parts.append((k, s))
   for i, gr in zip(plan.fallback_leaves, fb_grads):
-    s, gam = _rows_sumsq(gr)
-    g = group_of[i]
-    sq_g[g] = sq_g[g] + s
-    err_g[g] = err_g[g] + s * gam
-    total = total + s
-  factors = []
+    gs, k, fin = _row_scale(gr)
+    s, gam = _rows_sumsq(gs)
+    finite = jnp.logical_and(finite, fin)
+    parts_g[group_of[i]].append((k, s + s * gam + _UNDERFLOW_SLACK * _row_terms(gr)))
+    diag_parts.append((k, s))
+  # Non-finite sums (e.g. a gram of non-finite inputs) are caught here too.
+  for parts in parts_g:
+    for _, v in parts:
+      finite = jnp.logical_and(finite, jnp.isfinite(v))
+  use = jnp.logical_and(keep, finite)
+  factors, scaled_g = [], []
   for g in range(n_groups):
-    # Summing the K nonnegative leaf terms adds at most gamma_K (relative).
-    bound = (sq_g[g] + err_g[g]) * (1.0 + _gamma(len(leaves) + 2))
-    f = _safe_factor(bound, clips[g])
-    factors.append(jnp.where(keep, f, 0.0))
-  was_scaled = jnp.logical_and(keep, jnp.any(jnp.stack([f < 1.0 for f in factors]), axis=0))
+    if not parts_g[g]:
+      factors.append(jnp.zeros((b,), jnp.float32))
+      scaled_g.append(jnp.zeros((b,), bool))
+      continue
+    big, total = _combine(parts_g[g])
+    # Summing the K nonnegative leaf terms adds at most gamma_K (relative); the terms
+    # lost to underflow in the combination add at most 2^-100 each.
+    bound = (total + _UNDERFLOW_SLACK * len(parts_g[g])) * (1.0 + _gamma(len(leaves) + 2))
+    f, sc = _safe_factor(big, bound, clips[g], unit_inverse)
+    factors.append(jnp.where(use, f, 0.0))
+    scaled_g.append(jnp.logical_and(keep, jnp.logical_or(sc, jnp.logical_not(finite))))
+  per_group = jnp.stack(scaled_g) if scaled_g else jnp.zeros((0, b), bool)
+  was_scaled = jnp.any(per_group, axis=0) if n_groups else jnp.zeros((b,), bool)
 
   out = [None] * len(leaves)
-  # Book-keeping: grad = vjp_W(layer)(a, C * delta) per layer and clip group.
+  # Book-keeping: grad = vjp_W(layer)(a, C * delta) per layer and clip group; a and delta
+  # of unused (masked or non-finite) examples are replaced by zeros, never multiplied.
   for c, a, d in zip(plan.calls, acts, deltas):
     own = _own_params(c, leaves)
     own_f32 = jax.tree.map(_f32, own)
-    a_safe = jnp.where(keep.reshape((b,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
-    kd = keep.reshape((b,) + (1,) * (d.ndim - 1))
+    a_safe = jnp.where(use.reshape((b,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
+    kd = use.reshape((b,) + (1,) * (d.ndim - 1))
     groups = sorted({group_of[i] for i in c.leaves.values() if i not in materialised})
     names_by_group = {g: [n for n, i in c.leaves.items()
                           if group_of[i] == g and i not in materialised] for g in groups}
@@ -705,12 +791,18 @@ def ghost_chunk_sums(loss_fn: Callable[..., Any], params: PyTree, mask: jax.Arra
           out[c.leaves[name]] = gv
   for i, gr in list(zip(plan.fallback_leaves, fb_grads)) + list(materialised.items()):
     f = factors[group_of[i]].reshape((b,) + (1,) * (gr.ndim - 1))
-    kg = keep.reshape((b,) + (1,) * (gr.ndim - 1))
+    kg = use.reshape((b,) + (1,) * (gr.ndim - 1))
     out[i] = jnp.sum(jnp.where(kg, _f32(gr) * f, 0.0), axis=0)
   gsum = jax.tree.unflatten(treedef, out)
   loss = jnp.where(keep, _f32(loss), 0.0)
-  norms = jnp.where(keep, jnp.sqrt(total), 0.0)
-  return gsum, jnp.sum(loss), norms, jnp.sum(was_scaled.astype(jnp.int32)), aux
+  if diag_parts:
+    big, total = _combine(diag_parts)
+    norm = jnp.where(finite, _clipping._scaled_norm(big, total), jnp.inf)  # pylint: disable=protected-access
+  else:
+    norm = jnp.zeros((b,), jnp.float32)
+  norms = jnp.where(keep, norm, 0.0)
+  counts = jnp.sum(per_group.astype(jnp.int32), axis=1) if per_layer else None
+  return (gsum, jnp.sum(loss), norms, jnp.sum(was_scaled.astype(jnp.int32)), counts, aux)
 
 
 __all__ = ["GhostPlan", "ghost_chunk_sums", "make_plan", "per_example_sq_norms"]

@@ -96,6 +96,7 @@ from jaxdp.accounting import events
 from jaxdp.errors import BudgetExceededError
 from jaxdp.dpsgd import (_inputs, adaptive_clipping, checkpointing, clipping, data_digest,
                          device_sampling, multihost, sampling, transforms)
+from jaxdp.dpsgd import fixed_size_sampling, user_sampling
 from jaxdp.dpsgd import keys as keys_lib
 
 PyTree = Any
@@ -296,6 +297,117 @@ def _fresh_noise_state(noise: Any, gradient_key: jax.Array, count_key: jax.Array
   return noise._replace(key=gradient_key, count=jnp.asarray(paid, noise.count.dtype))
 
 
+def _check_batch_selection(selection: Any, n: int, *, relation: str, accountant_method: str,
+                           unit: str, given: dict) -> tuple[float, str]:
+  """Checks a ``batch_selection`` sampler against the plan; returns ``(rate, unit)``.
+
+  * :class:`~.fixed_size_sampling.FixedSizeSampler` (B of N without
+    replacement): replace-one neighbours by RDP (Wang, Balle & Kasiviswanathan
+    2019, the only analysis dp_accounting has for this event); the rate
+    reported is ``B / N``.
+  * :class:`~.user_sampling.UserPoissonSampler`: Poisson sampling of users,
+    one clipped contribution per user; the privacy unit is ``"user"`` (the
+    default unit becomes ``"user"``; another explicit unit is refused).
+
+  Both fix the batch size themselves (no ``sample_rate`` /
+  ``expected_batch_size``). Correlated noise, adaptive clip norms, per-layer
+  clipping and microbatches are refused with them: jaxdp has no analysis of
+  those combinations (the amplified matrix-mechanism and Andrew et al.
+  bounds are proven for Poisson sampling of examples under add/remove).
+  """
+  fixed = isinstance(selection, fixed_size_sampling.FixedSizeSampler)
+  if not fixed and not isinstance(selection, user_sampling.UserPoissonSampler):
+    raise TypeError("batch_selection must be a FixedSizeSampler or a UserPoissonSampler (None: "
+                    f"Poisson sampling at sample_rate), got {type(selection).__name__}.")
+  name = type(selection).__name__
+  for arg in ("sample_rate", "expected_batch_size"):
+    if given[arg] is not None:
+      raise ValueError(f"{arg} is fixed by batch_selection={name}; leave it out.")
+  for arg, off in (("noise_strategy", None), ("min_separation", None), ("per_layer", False),
+                   ("microbatch_size", None), ("adaptive", False)):
+    if given[arg] != off:
+      what = "an adaptive l2_clip_norm" if arg == "adaptive" else f"{arg}={given[arg]!r}"
+      raise ValueError(f"{what} is not available with batch_selection={name}: no analysis of "
+                       "that combination is implemented (the correlated-noise and adaptive-"
+                       "clipping guarantees used here assume Poisson sampling of examples).")
+  if selection.num_examples != n:
+    raise ValueError(f"batch_selection was built for {selection.num_examples} examples but "
+                     f"num_examples={n}.")
+  if fixed:
+    if relation != events.REPLACE_ONE:
+      raise ValueError("batch_selection=FixedSizeSampler needs neighbouring='replace_one': a "
+                       "fixed-size batch reveals nothing about N only under replace-one, and the "
+                       "subsampling-without-replacement bound is proven for it.")
+    dpsgd_accounting.check_fixed_size_accountant(accountant_method)
+    return selection.sample_rate, unit
+  if unit not in (events.DEFAULT_UNIT, user_sampling.USER_UNIT):
+    raise ValueError(f"batch_selection=UserPoissonSampler protects one user: unit must be "
+                     f"{user_sampling.USER_UNIT!r}, got {unit!r}.")
+  return selection.sample_rate, user_sampling.USER_UNIT
+
+
+def _fixed_size_noise_multiplier(selection: Any, target_epsilon: Any, noise_multiplier: Any,
+                                 delta: Any, steps: int) -> float:
+  """sigma for a fixed-size plan: given, or calibrated by RDP to (target_epsilon, delta)."""
+  if (target_epsilon is None) == (noise_multiplier is None):
+    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
+  if target_epsilon is None:
+    return _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
+  if delta is None:
+    raise ValueError("delta is required with target_epsilon.")
+  return float(selection.calibrate_noise_multiplier(target_epsilon, delta, steps))
+
+
+def _noise_transform(strategy: Any, adaptive: Any, *, sigma: float, grad_sigma: float,
+                     sensitivity: float, expected: float, steps: int, min_separation: int,
+                     sample_rate: float, grad_key: jax.Array, count_key: Any,
+                     count_sigma: Any) -> optax.GradientTransformation:
+  """The plan's noise: independent or correlated, wrapped by adaptive clipping's count noise.
+
+  With an adaptive clip norm the wrapper BUILDS the gradient noise from the total
+  sigma (Andrew et al. 2021 Thm 1: ``sigma_Delta`` leaves room for the count
+  noise; for the unamplified matrix mechanism with k participations and run
+  sensitivity ratio r, :func:`~.adaptive_clipping.gradient_noise_multiplier`),
+  so the counts can never go unpaid.
+  """
+  from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
+
+  def inner(noise_multiplier: float, s: float = sensitivity):
+    if strategy is None:
+      return transforms.noisy_aggregate(noise_multiplier, s, expected, grad_key)
+    return correlated.correlated_noise(strategy, steps, noise_multiplier, s, expected, grad_key)
+
+  if adaptive is None:
+    return inner(grad_sigma)
+  k, r = 1, 1.0
+  if strategy is not None and correlated.accounting.analysis(
+      strategy, min_separation, sample_rate) == correlated.accounting.DETERMINISTIC:
+    k = correlated.max_participations(steps, min_separation)
+    r = correlated.accounting.run_sensitivity(strategy, steps, min_separation)
+  return adaptive_clipping.adaptive_clip_noise(
+      lambda s: inner(s, 1.0), adaptive, noise_multiplier=sigma, expected_batch_size=expected,
+      key=count_key, count_noise_multiplier=count_sigma, participations=k, sensitivity_ratio=r)
+
+
+def _strategy_digest(strategy: Any, steps: int) -> str | None:
+  """SHA-256 of a correlated-noise strategy (its class and its T x T coefficients), or None."""
+  if strategy is None:
+    return None
+  h = hashlib.sha256(type(strategy).__name__.encode())
+  h.update(np.asarray(strategy.fingerprint(steps), np.float64).tobytes())
+  return h.hexdigest()
+
+
+def _selection_digest(selection: Any) -> str | None:
+  """What fixes a batch_selection sampler's batches: its parameters and (users) its user table."""
+  if selection is None:
+    return None
+  h = hashlib.sha256(repr(selection).encode())
+  if isinstance(selection, user_sampling.UserPoissonSampler):
+    h.update(data_digest.digest(np.asarray(selection._rows)).encode())  # pylint: disable=protected-access
+  return h.hexdigest()
+
+
 def _check_accountant(accountant: Any) -> None:
   if not hasattr(accountant, "spend"):
     raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
@@ -398,10 +510,13 @@ class PaidSampler:
     if plan.noise_strategy is not None and self.steps_paid > 0:
       self.steps_paid = plan.steps  # a resumed correlated-noise run was paid as a whole
     self.steps_sampled = start_step
-    self._poisson = (plan._participation if plan.noise_strategy is not None  # pylint: disable=protected-access
-                     else sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
-                                                  padded_size=plan.padded_size,
-                                                  on_overflow="split"))
+    if plan.noise_strategy is not None:
+      self._poisson = plan._participation  # pylint: disable=protected-access
+    elif plan.batch_selection is not None:
+      self._poisson = plan.batch_selection
+    else:
+      self._poisson = sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
+                                              padded_size=plan.padded_size, on_overflow="split")
     self._keys = plan._run_keys.step_keys(plan.steps)  # pylint: disable=protected-access
     self._key_data: np.ndarray | None = None  # host copy of the step keys (device path)
     self._device: Any = None  # (data, update) of the device-resident path
@@ -642,6 +757,7 @@ class PrivateSGD:
   gradient_noise_multiplier: float | None = None
   _participation: Any = dataclasses.field(default=None, repr=False)
   _run_keys: Any = dataclasses.field(default=None, repr=False)
+  batch_selection: Any = None
 
   @property
   def _resume_step(self) -> int:
@@ -973,9 +1089,10 @@ class PrivateSGD:
     digest.update(repr((self.noise_multiplier, self.sample_rate, self.sensitivity, self.steps,
                         self.num_examples, self.padded_size, self.unit,
                         self.neighbouring, self.min_separation,
-                        self.gradient_noise_multiplier)).encode())
+                        self.gradient_noise_multiplier,
+                        _selection_digest(self.batch_selection))).encode())
     if self.noise_strategy is not None:  # the correlated noise must be the same C everywhere
-      digest.update(np.asarray(self.noise_strategy.coefficients(self.steps)).tobytes())
+      digest.update(np.asarray(self.noise_strategy.fingerprint(self.steps)).tobytes())
     words = np.frombuffer(digest.digest(), np.int32)  # exact in any dtype setting
     every = np.asarray(multihost_utils.process_allgather(words))
     if not (every == every[0]).all():
@@ -1086,6 +1203,8 @@ class PrivateSGD:
     if self.noise_strategy is not None:
       raise ValueError("a correlated-noise run has no per-step event: its steps form one "
                        "mechanism, paid once (run_event()).")
+    if isinstance(self.batch_selection, fixed_size_sampling.FixedSizeSampler):
+      return self.batch_selection.event(self.noise_multiplier, 1, unit=self.unit).event
     return dpsgd_accounting.dpsgd_event(self.noise_multiplier, self.sample_rate, 1,
                                         neighbouring=self.neighbouring, unit=self.unit).event
 
@@ -1143,6 +1262,9 @@ class PrivateSGD:
           self.noise_strategy, noise_multiplier=self.noise_multiplier, num_steps=self.steps,
           min_separation=self.min_separation, sample_rate=self.sample_rate, delta=delta,
           accountant=self.accountant_method)
+    if isinstance(self.batch_selection, fixed_size_sampling.FixedSizeSampler):
+      return self.batch_selection.epsilon(self.noise_multiplier, steps, delta,
+                                          self.accountant_method)
     return dpsgd_accounting.dpsgd_epsilon(self.noise_multiplier, self.sample_rate, steps,
                                           delta, self.accountant_method, self.neighbouring)
 
@@ -1209,8 +1331,10 @@ class PrivateSGD:
         params, opt_state, info = dev.update(params, opt_state, batch._step_key_data, dev.data)  # pylint: disable=protected-access
       else:
         # Shapes of one chunk (P, ...), without touching the data.
-        chunk = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
-                             batch.masked.arrays)
+        lead = 2 if isinstance(self.batch_selection, user_sampling.UserPoissonSampler) else 1
+        chunk = jax.tree.map(  # (P, ...) per chunk; users: (P * K, ...) examples
+            lambda a: jax.ShapeDtypeStruct((int(np.prod(a.shape[1:lead + 1])),)
+                                           + a.shape[lead + 1:], a.dtype), batch.masked.arrays)
         classes = self._check_model(params, chunk, kept)
         if label is not None:
           host_labels = batch._host_labels  # pylint: disable=protected-access
@@ -1259,6 +1383,7 @@ def make_private(
     checkpoint_every: int | None = None,
     noise_strategy: Any = None,
     min_separation: int | None = None,
+    batch_selection: Any = None,
 ) -> PrivateSGD:
   """Wires clipping, Poisson sampling, noise, optimiser and accounting for a custom loop.
 
@@ -1343,6 +1468,18 @@ def make_private(
     min_separation: b, the number of cyclic groups (two participations of one
       example are at least b steps apart); default ``bands`` for BandMF;
       required for BLT.
+    batch_selection: how batches are drawn when not by Poisson sampling of
+      examples at ``sample_rate``: a
+      :class:`~.fixed_size_sampling.FixedSizeSampler` (exactly B of the N
+      examples without replacement; replace-one neighbours, accounted by RDP
+      as ``SampledWithoutReplacement(N, B, Gaussian(sigma / 2))``, Wang, Balle
+      & Kasiviswanathan 2019; divisor B) or a
+      :class:`~.user_sampling.UserPoissonSampler` (users sampled at rate q,
+      each contributing ONE clipped gradient of its examples; the privacy unit
+      is ``"user"``, McMahan et al. 2018). The sampler fixes the batch size
+      (no ``sample_rate`` / ``expected_batch_size``) and its chunk size P.
+      Not combined with correlated noise, adaptive clip norms, per-layer
+      clipping or microbatches (refused: no analysis of those cells here).
 
   Returns:
     A :class:`PrivateSGD`.
@@ -1361,16 +1498,28 @@ def make_private(
     raise TypeError(f"optimizer must be an optax GradientTransformation, got "
                     f"{type(optimizer).__name__}.")
   n = _validation.check_positive_int(num_examples, "num_examples")
-  q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
+  if isinstance(batch_selection, fixed_size_sampling.FixedSizeSampler):
+    # Fixed-size batches are accounted by RDP (the only bound for sampling without replacement).
+    relation = events.check_neighbouring(neighbouring)
+  else:
+    relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
+                                                              "accountant_method")
+  unit = events.check_unit(unit)
+  if batch_selection is None:
+    q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
+  else:
+    q, unit = _check_batch_selection(
+        batch_selection, n, relation=relation, accountant_method=accountant_method, unit=unit,
+        given=dict(sample_rate=sample_rate, expected_batch_size=expected_batch_size,
+                   noise_strategy=noise_strategy, min_separation=min_separation,
+                   per_layer=per_layer, microbatch_size=microbatch_size,
+                   adaptive=isinstance(l2_clip_norm, adaptive_clipping.AdaptiveClipNorm)))
   if (epochs is None) == (steps is None):
     raise ValueError("give exactly one of epochs or steps.")
   t_planned = (dpsgd_accounting.steps_for_epochs(epochs, q) if steps is None
                else _validation.check_positive_int(steps, "steps"))
-  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
-                                                            "accountant_method")
   if delta is not None:
     delta = _validation.check_delta(delta, allow_zero=False)
-  unit = events.check_unit(unit)
   if not isinstance(allow_extra_steps, bool):
     raise TypeError(f"allow_extra_steps must be a bool, got {allow_extra_steps!r}.")
   if isinstance(batch_argnums, (int, np.integer)) and not isinstance(batch_argnums, bool):
@@ -1387,16 +1536,20 @@ def make_private(
   checkpoint_every = checkpointing.check_arguments(checkpoint_dir, checkpoint_every)
   if noise_strategy is not None:
     from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
-    if not isinstance(noise_strategy, (correlated.BandMF, correlated.BLT)):
-      raise TypeError(f"noise_strategy must be a jaxdp.dpsgd.correlated BandMF or BLT, got "
-                      f"{type(noise_strategy).__name__}.")
-    for name, value, ok in (("checkpoint_dir", checkpoint_dir, None),
-                            ("allow_extra_steps", allow_extra_steps, False),
-                            ("neighbouring", relation, events.ADD_REMOVE)):
-      if value != ok:
-        raise ValueError(f"{name}={value!r} is not available with noise_strategy (correlated "
-                         "noise: one run of exactly T steps, add/remove neighbours, no "
-                         "checkpoint_dir).")
+    if not isinstance(noise_strategy, correlated.Strategy):
+      raise TypeError(f"noise_strategy must be a jaxdp.dpsgd.correlated strategy (BandMF, BLT, "
+                      f"...), got {type(noise_strategy).__name__}.")
+    if allow_extra_steps:
+      raise ValueError(
+          "allow_extra_steps=True is refused with noise_strategy: the strategy C is a T x T "
+          "matrix and the run's sensitivity and event cover exactly its T steps; a step T + 1 "
+          "has no row in C, so its noise would not be part of the mechanism that was paid. "
+          "Plan more steps (steps=/epochs=) instead.")
+    if relation != events.ADD_REMOVE:
+      raise ValueError(
+          f"neighbouring={relation!r} is not available with noise_strategy yet: the amplified "
+          "BandMF analysis (Choquette-Choo et al. 2023, Thm 4) is proven for add/remove "
+          "neighbours under cyclic Poisson sampling.")
     if min_separation is None:
       if noise_strategy.bands is None:
         raise ValueError("min_separation is required with a BLT noise_strategy (the number of "
@@ -1419,19 +1572,27 @@ def make_private(
   adaptive = None
   if isinstance(l2_clip_norm, adaptive_clipping.AdaptiveClipNorm):
     adaptive = l2_clip_norm
-    for name, value, ok in (("per_layer", per_layer, False), ("checkpoint_dir", checkpoint_dir, None)):
-      if value != ok:
-        raise ValueError(f"{name}={value!r} is not available with an adaptive l2_clip_norm "
-                         "(flat clipping of the normalised gradient; no checkpoint_dir).")
+    if per_layer:
+      raise ValueError("per_layer=True is not available with an adaptive l2_clip_norm "
+                       "(flat clipping of the normalised gradient).")
     l2_clip_norm = 1.0  # gradients are clipped in units of the current clip norm C_t
 
-  grad_fn = clipping.clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
-                                  batch_argnums=batch_argnums, microbatch_size=microbatch_size,
-                                  per_layer=per_layer, method=clipping_method)
+  if isinstance(batch_selection, user_sampling.UserPoissonSampler):
+    grad_fn = user_sampling.user_clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
+                                              batch_argnums=batch_argnums)
+  else:
+    grad_fn = clipping.clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
+                                    batch_argnums=batch_argnums, microbatch_size=microbatch_size,
+                                    per_layer=per_layer, method=clipping_method)
   sensitivity = float(grad_fn.sensitivity)
   run_keys = keys_lib.derive(key)
   participation = None
-  if noise_strategy is None:
+  if batch_selection is not None:
+    if physical_batch_size is not None:
+      raise ValueError("physical_batch_size is set on the batch_selection sampler "
+                       "(padded_size=), not on make_private.")
+    padded, expected = batch_selection.padded_size, batch_selection.expected_batch_size
+  elif noise_strategy is None:
     # Validates physical_batch_size / overflow_prob and fixes P once.
     padded = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
                                      overflow_prob=overflow_prob, on_overflow="split").padded_size
@@ -1443,7 +1604,10 @@ def make_private(
     padded = participation.padded_size
     expected = participation.expected_batch_size
   # Calibration last: the slow part (seconds), after every cheap check.
-  if noise_strategy is None:
+  if isinstance(batch_selection, fixed_size_sampling.FixedSizeSampler):
+    sigma = _fixed_size_noise_multiplier(batch_selection, target_epsilon, noise_multiplier,
+                                         delta, t_planned)
+  elif noise_strategy is None:
     sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
                                                       t_planned, accountant=accountant_method,
                                                       neighbouring=relation)
@@ -1459,7 +1623,7 @@ def make_private(
         sample_rate=q, accountant=accountant_method)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
-  grad_sigma = sigma
+  grad_sigma, count_sigma = sigma, None
   if adaptive is not None:
     # Andrew et al. 2021 Thm 1: gradient and count noise together cost sigma (whitening).
     count_sigma = adaptive.resolved_count_noise_multiplier(expected)
@@ -1470,12 +1634,17 @@ def make_private(
           noise_strategy, noise_multiplier=sigma, count_noise_multiplier=count_sigma,
           num_steps=t_planned, min_separation=b, sample_rate=q)
   checkpointer = None
+  b_groups = 1 if noise_strategy is None else b
   if checkpoint_dir is not None:
     fingerprint = {
         "num_examples": n, "sample_rate": q, "noise_multiplier": float(sigma),
         "sensitivity": sensitivity, "steps": t_planned, "padded_size": int(padded),
         "unit": unit, "neighbouring": relation, "accountant_method": accountant_method,
         "key_sha256": checkpointing.key_digest(key),
+        "gradient_noise_multiplier": float(grad_sigma), "min_separation": b_groups,
+        "noise_strategy": _strategy_digest(noise_strategy, t_planned),
+        "adaptive_clip_norm": None if adaptive is None else repr(adaptive),
+        "batch_selection": _selection_digest(batch_selection),
     }
     checkpointer = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), fingerprint)
     if checkpoint_every is None:
@@ -1484,15 +1653,10 @@ def make_private(
   # Adaptive clipping: the count noise and the gradient noise have disjoint keys (.keys).
   grad_key = run_keys.gradient_noise
   count_key = None if adaptive is None else run_keys.count_noise
-  if noise_strategy is None:
-    noise_tx = transforms.noisy_aggregate(grad_sigma, sensitivity, expected, grad_key)
-  else:
-    noise_tx = correlated.correlated_noise(noise_strategy, t_planned, grad_sigma, sensitivity,
-                                           expected, grad_key)
-  if adaptive is not None:
-    noise_tx = adaptive_clipping.adaptive_clip_noise(
-        noise_tx, adaptive, expected_batch_size=expected, key=count_key,
-        count_noise_multiplier=count_sigma)
+  noise_tx = _noise_transform(noise_strategy, adaptive, sigma=sigma, grad_sigma=grad_sigma,
+                              sensitivity=sensitivity, expected=expected, steps=t_planned,
+                              min_separation=b_groups, sample_rate=q, grad_key=grad_key,
+                              count_key=count_key, count_sigma=count_sigma)
   tx = optax.chain(noise_tx, base)
 
   # A correlated-noise plan donates the optimiser state: BandMF's noise history is then
@@ -1548,6 +1712,7 @@ def make_private(
       neighbouring=relation, _checkpointer=checkpointer, _checkpoint_every=checkpoint_every,
       _physical_batch_size=physical_batch_size, _overflow_prob=overflow_prob,
       _noise_key=run_keys.gradient_noise, noise_strategy=noise_strategy, _run_keys=run_keys,
+      batch_selection=batch_selection,
       min_separation=1 if noise_strategy is None else b, _participation=participation,
       adaptive_clip_norm=adaptive, gradient_noise_multiplier=float(grad_sigma))
 

@@ -1,35 +1,44 @@
-"""DP-SGD training loop for Flax (linen or nnx) classifiers.
+"""DP-SGD training loop for Flax (linen or nnx) classifiers: a builder over :func:`.make_private`.
 
 Algorithm (survey ``004_dp_machine_learning_survey.md`` Section 4.2 Algorithm 1;
 paper ``000_tradeoffs_of_private_prediction.md`` Section 3.1 Equation 4), for
 T = ceil(epochs / q) steps:
 
-1. Poisson-sample a batch B_t (each example w.p. q) -- :mod:`.sampling`;
+1. Poisson-sample a batch B_t (each example w.p. q) -- :mod:`.sampling`,
+   inside the jitted step from device-resident data (:mod:`.device_sampling`:
+   the same batch as the host sampler for the same key);
 2. sum the per-example gradients clipped to ``l2_clip_norm`` -- :mod:`.clipping`
    (in static-size chunks: a large logical batch is accumulated chunk by chunk,
    which is both gradient accumulation and the honest overflow handling);
 3. add ``N(0, (sigma * S)^2 I)`` to the sum once, divide by ``q N`` and apply any
-   optax optimiser -- :mod:`.transforms`;
+   optax optimiser -- :mod:`.transforms` (or the correlated noise ``C^{-1} z`` of
+   a ``noise_strategy``, :mod:`.correlated`).
+
+:func:`train_dpsgd` is :func:`.make_private` (which wires sampling, clipping,
+noise, optimiser, accounting, checkpoints, correlated noise and adaptive
+clipping together) plus the model handling of a Flax classifier, the input
+checks on the whole dataset, the history/evaluation/progress bar, and the
+``on_overflow="raise"`` abort rule. The same key gives the same run as a
+hand-written ``make_private`` loop.
 
 The noise multiplier sigma is either given or calibrated to a target
-(epsilon, delta) with :func:`jaxdp.accounting.dpsgd_accounting.calibrate_noise_multiplier`
-for exactly (q, T); the spent epsilon is reported by the same accountant.
-The accounting is in float64 (dp_accounting), never in JAX.
+(epsilon, delta) by :func:`.make_private` for exactly (q, T) (float64,
+dp_accounting; never in JAX); the spent epsilon is reported by the same accountant.
 
-Reservation: the PLANNED event ``dpsgd_event(sigma, q, T)`` (T-fold
-composition of the Poisson-subsampled Gaussian) is spent on the accountant
-BEFORE the first step and never refunded. Everything released during training
-(evaluations, checkpoints, the parameters of a run killed half-way) is covered
-by it, a run that crashes or is killed has already paid, and two runs sharing
-one ``PrivacyBudget`` cannot both pass its check (``spend`` is atomic: the
-second reservation raises ``BudgetExceededError`` before any training).
+Reservation: the whole PLANNED run (T steps of the Poisson-subsampled
+Gaussian, or a correlated-noise run's one event) is paid on the accountant by
+the plan's sampler (``PaidSampler.pay``) BEFORE the first step and never
+refunded. Everything released during training (evaluations, checkpoints, the
+parameters of a run killed half-way) is covered by it, a run that crashes or
+is killed has already paid, and two runs sharing one ``PrivacyBudget`` cannot
+both pass its check (``spend`` is atomic: the second reservation raises
+``BudgetExceededError`` before any training).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Any, Callable
 
@@ -41,8 +50,7 @@ import optax
 from jaxdp import _validation
 from jaxdp.accounting import dpsgd_accounting as dpsgd_accounting
 from jaxdp.accounting import events
-from jaxdp.errors import BudgetExceededError
-from jaxdp.dpsgd import _inputs, checkpointing, clipping, sampling, transforms
+from jaxdp.dpsgd import _inputs, private_step, sampling
 from jaxdp.dpsgd import keys as keys_lib
 
 PyTree = Any
@@ -191,6 +199,180 @@ def _default_accountant():
   return PrivacyAccountant()
 
 
+def _throwaway_accountant():
+  """A private in-memory ledger for ``accountant=None`` (the sampler pays every step on one)."""
+  from jaxdp.accounting.accountant import PrivacyAccountant  # pylint: disable=g-import-not-at-top
+  return PrivacyAccountant()
+
+
+def _check_arguments(x: Any, y: Any, *, loss: Any, accountant: Any, neighbouring: str,
+                     accountant_method: str, on_overflow: str,
+                     max_overflow_delta_fraction: float) -> tuple[jax.Array, jax.Array, float]:
+  """Checks train_dpsgd's own arguments and the whole dataset, before any work: ``(x, y, frac)``."""
+  dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
+                                                 "accountant_method")
+  if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
+          or hasattr(accountant, "spend")):
+    raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
+                    f"spend(event, count)), 'default' or None, got {accountant!r}.")
+  if loss is not None and not callable(loss):
+    raise TypeError(f"loss must be callable, got {type(loss).__name__}.")
+  if on_overflow not in ("split", "raise"):
+    raise ValueError(f"on_overflow must be 'split' or 'raise', got {on_overflow!r}.")
+  frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
+  if not 0.0 < frac <= 1.0:
+    raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
+  if not hasattr(x, "dtype"):
+    x = np.asarray(x)
+  if not hasattr(y, "dtype"):
+    y = np.asarray(y)
+  x_rows = np.shape(x)[0] if np.ndim(x) else None
+  y_rows = np.shape(y)[0] if np.ndim(y) else None
+  if x_rows is None or y_rows is None or x_rows != y_rows:
+    raise ValueError(f"x and y must have the same number of rows (one label per example), got "
+                     f"x of shape {np.shape(x)} and y of shape {np.shape(y)}.")
+  n = _validation.check_positive_int(int(y_rows), "len(y)")
+  if loss is None:
+    _inputs.check_label_dtype(y, "y")
+    _inputs.check_label_shape(y, "y")
+  _inputs.check_examples((x, y), ("x", "y"), n)
+  return jnp.asarray(x), jnp.asarray(y), frac
+
+
+def _build_model(model: Any, params: PyTree | None, key: jax.Array, x: jax.Array, y: jax.Array,
+                 loss: Any) -> tuple[Callable[..., jax.Array], PyTree, Callable[[PyTree], None]]:
+  """``(per_example_loss, params, write_back)``, the model probed on one example, labels checked."""
+  _inputs.refuse_batchnorm_nnx(model)
+  # The init key is make_private's (.keys): the same key gives the same run.
+  apply, params, write_back = _model_apply(model, params, keys_lib.derive(key).init, x[:1])
+  per_example = make_per_example_loss(apply, loss)
+  _inputs.probe_loss(per_example, params, (x, y), batch_argnums=(1, 2), names=("x", "y"),
+                     what="the model and loss")
+  if loss is None:
+    _inputs.check_labels(y, "y", _inputs.num_classes_of(apply, params, _inputs.example_spec(x)))
+  return per_example, params, write_back
+
+
+def _abort_rule(private: private_step.PrivateSGD, on_overflow: str,
+                frac: float) -> tuple[float, sampling.PoissonSampler | None]:
+  """``(overflow_delta, checker)`` of ``on_overflow="raise"``; ``(0, None)`` for ``"split"``.
+
+  The aborting mechanism M' runs the exact mechanism M of the plan and stops
+  with :class:`~.sampling.BatchOverflowError` at the first step whose Poisson
+  batch exceeds P. M' is ``(eps, delta + (1 + e^eps) * steps * p)``-DP with
+  ``p = Pr[Binomial(N + 1, q) > P]`` (:mod:`.sampling`, coupling argument;
+  :func:`.sampling.abort_delta`). The checker is a host Poisson sampler of the
+  plan's (N, q, P) that raises on overflow; drawn with the plan's step keys it
+  gives the batch the step is about to use (:mod:`.device_sampling`: the same
+  bits), so M' is exactly what runs. A P whose term exceeds ``frac * delta``
+  is refused here, before anything is spent. Correlated noise (cyclic
+  batches) has no abort rule.
+  """
+  if on_overflow == "split":
+    return 0.0, None
+  if private.noise_strategy is not None:
+    raise ValueError("on_overflow='raise' is not available with noise_strategy (its batches are "
+                     "cyclic Poisson; the abort term is derived for DP-SGD's Poisson batches). "
+                     "Use on_overflow='split' (exact, no extra delta). Nothing was trained or "
+                     "spent.")
+  n, q, steps, delta = private.num_examples, private.sample_rate, private.steps, private.delta
+  checker = sampling.PoissonSampler(n, q, padded_size=private.padded_size, on_overflow="raise")
+  if private.noise_multiplier == 0:
+    return 0.0, checker
+  p_abort = checker.overflow_probability
+  eps_planned = private.epsilon(steps)
+  overflow_delta = sampling.abort_delta(p_abort, steps, eps_planned)
+  if not overflow_delta <= frac * delta:
+    allowed = frac * delta / (steps * (1.0 + math.exp(min(eps_planned, 700.0))))
+    needed = sampling.padded_batch_size(n + 1, q, allowed) if allowed > 0 else n + 1
+    raise ValueError(
+        f"on_overflow='raise' with padded size P={checker.padded_size} (physical_batch_size / "
+        f"overflow_prob) aborts with probability p={p_abort:.3g} per step, adding "
+        f"(1 + e^eps) * steps * p = {overflow_delta:.3g} to delta, more than "
+        f"max_overflow_delta_fraction * delta = {frac * delta:.3g}; use P >= {needed} "
+        f"(overflow_prob <= {allowed:.3g}) or on_overflow='split' (exact, no extra delta). "
+        "Nothing was trained or spent.")
+  return overflow_delta, checker
+
+
+def _open_run(private: private_step.PrivateSGD, params: PyTree, data: tuple, accountant: Any,
+              mesh: Any) -> tuple[PyTree, private_step.PrivateState, private_step.PaidSampler]:
+  """Restores (``checkpoint_dir``), opens the device-resident sampler and prepays the plan.
+
+  ``restore(params, data=)`` binds a replay of lost paid steps to this data and
+  these starting parameters (the resume rules of :meth:`.PrivateSGD.restore`);
+  the sampler charges the steps released before it unless the accountant
+  provably holds them, then every unpaid planned step is paid at once, before
+  the first batch exists (a correlated-noise plan pays its one run event).
+  """
+  if private.checkpoint_dir is not None:
+    params, state = private.restore(params, data=data)
+  else:
+    state = private.init(params)
+  sampler = private.sampler(accountant, data=data, mesh=mesh)
+  unpaid = private.steps - sampler.steps_paid
+  if unpaid > 0:
+    sampler.pay(unpaid)
+  return params, state, sampler
+
+
+class _History:
+  """``DPSGDResult.history``: one record per evaluation, NON-PRIVATE loss diagnostics included."""
+
+  def __init__(self, private: private_step.PrivateSGD, eval_fn: Any):
+    self.private, self.eval_fn = private, eval_fn
+    self.records: list[dict[str, float]] = []
+    self._stats: list[Any] = []  # (loss_sum, num_examples) on device, since the last record
+    self._loss, self._count = 0.0, 0.0
+
+  def add(self, info: private_step.StepInfo) -> None:
+    self._stats.append((info.nonprivate_loss_sum, info.nonprivate_num_examples))
+    if len(self._stats) >= 1024:  # bound the live buffers; one host sync per 1024 steps
+      self._fold()
+
+  def _fold(self) -> None:
+    for loss, count in jax.device_get(self._stats):
+      self._loss += float(loss)
+      self._count += float(count)
+    self._stats = []
+
+  def record(self, step: int, params: PyTree) -> None:
+    self._fold()
+    p = self.private
+    rec = {"step": step, "epoch": step * p.sample_rate / p.min_separation,
+           "epsilon": p.epsilon(step), "accountant_method": p.accountant_method,
+           "nonprivate_train_loss": self._loss / max(self._count, 1)}
+    self._loss, self._count = 0.0, 0.0
+    if self.eval_fn is not None:
+      rec.update(self.eval_fn(params))
+    self.records.append(rec)
+
+
+def _run_steps(private: private_step.PrivateSGD, sampler: private_step.PaidSampler,
+               params: PyTree, state: private_step.PrivateState, history: _History, *,
+               eval_every: int | None, progress: bool, checker: Any,
+               step_keys: Any) -> tuple[PyTree, int]:
+  """Runs the paid steps from the sampler's position to T: ``(params, steps_run)``."""
+  first, steps = sampler.steps_sampled, private.steps
+  iterator = range(first, steps)
+  if progress:
+    from tqdm.auto import tqdm  # pylint: disable=g-import-not-at-top
+    iterator = tqdm(iterator, desc="DP-SGD", unit="step", initial=first, total=steps)
+  done = first
+  try:
+    for t in iterator:
+      if checker is not None:  # on_overflow="raise": abort before the batch is used
+        checker.sample(step_keys[t])
+      params, state, info = private.step(params, state, sampler.sample())
+      history.add(info)
+      done = t + 1
+      if eval_every and history.eval_fn is not None and done % eval_every == 0 and done < steps:
+        history.record(done, params)
+  finally:
+    private.close()  # wait for a pending checkpoint save (also when the loop raised)
+  return params, done
+
+
 def train_dpsgd(
     model: Any,
     x: Any,
@@ -224,282 +406,118 @@ def train_dpsgd(
     neighbouring: str = "add_remove",
     checkpoint_dir: str | None = None,
     checkpoint_every: int | None = None,
+    noise_strategy: Any = None,
+    min_separation: int | None = None,
 ) -> DPSGDResult:
   """Trains ``model`` with DP-SGD on ``(x, y)`` and reports the epsilon spent.
+
+  A builder over :func:`.make_private`: the same key gives the same run as a
+  ``make_private`` loop over ``sampler(accountant, data=(x, y), mesh=mesh)``.
 
   Privacy: (epsilon, delta)-DP with respect to adding or removing one example
   of ``(x, y)`` (or, with ``neighbouring="replace_one"``, replacing one: PLD of
   the replace-one subsampled Gaussian, :mod:`jaxdp.accounting.dpsgd_accounting`)
-  for the released parameters (and everything computed from them),
-  by the Poisson-subsampled Gaussian mechanism composed over ``steps`` steps
-  (RDP or PLD accountant of :mod:`jaxdp.accounting.dpsgd_accounting`). Not covered:
-  hyper-parameter tuning, ``eval_fn`` on private data, and the non-private
-  diagnostics (training loss, ``history[i]["nonprivate_train_loss"]``). Two conventions
-  the accounting relies on: q and the divisor ``q N`` are computed from
-  ``N = len(y)``, i.e. the dataset size is treated as public (as in Opacus and
-  TF Privacy; strictly, under add/remove both should be constants fixed before
-  seeing the data); with ``on_overflow="raise"`` an abort is itself a release
-  (it reveals a large batch): the guarantee is
-  ``(epsilon, delta + (1 + e^epsilon) * steps * p)`` with
-  ``p = Pr[Binomial(N + 1, q) > P]`` (see :mod:`.sampling`), reported in
-  ``result.delta`` / ``result.overflow_delta``; a P for which that extra term
-  exceeds ``max_overflow_delta_fraction * delta`` is refused before anything
-  is spent. The event spent on the accountant is the exact (non-aborting)
-  DP-SGD event; the abort term is not in the ledger (it is bounded by
-  ``max_overflow_delta_fraction * delta``).
+  for the released parameters (and everything computed from them), by the
+  Poisson-subsampled Gaussian mechanism composed over ``steps`` steps (RDP or
+  PLD accountant of :mod:`jaxdp.accounting.dpsgd_accounting`); with
+  ``noise_strategy``, by the matrix mechanism's one run event
+  (:func:`~jaxdp.dpsgd.correlated.mf_event`); with an adaptive clip norm, the
+  gradient and count noise together cost sigma (Andrew et al. 2021 Thm 1).
+  Not covered: hyper-parameter tuning, ``eval_fn`` on private data, and the
+  non-private diagnostics (``history[i]["nonprivate_train_loss"]``). N =
+  ``len(y)`` is treated as public (q and the divisor ``q N`` are computed from
+  it, as in Opacus and TF Privacy). With ``on_overflow="raise"`` an abort is
+  itself a release: the guarantee is ``(epsilon, delta + (1 + e^epsilon) *
+  steps * p)``, ``p = Pr[Binomial(N + 1, q) > P]`` (:mod:`.sampling`), reported
+  in ``result.delta`` / ``result.overflow_delta``; a P whose extra term exceeds
+  ``max_overflow_delta_fraction * delta`` is refused before anything is spent.
+  The ledger holds the exact (non-aborting) mechanism's events.
 
-  Budget: the planned event for all T steps is spent on ``accountant`` before
-  the first step (a ``PrivacyBudget`` that cannot afford it raises
-  ``BudgetExceededError`` and nothing is trained) and is not refunded if the
+  Budget: the whole planned run is paid on ``accountant`` before the first
+  step, by the plan's sampler: ``T x PoissonSampled(q, Gaussian(sigma))`` as
+  ONE ledger entry ``(step_event, T)`` (a correlated-noise run: its one run
+  event). A ``PrivacyBudget`` that cannot afford it raises
+  ``BudgetExceededError`` and nothing is trained; nothing is refunded if the
   run stops early.
 
   Args:
     model: a ``flax.linen.Module`` (``params`` optional; initialised from
       ``key`` when omitted) or a ``flax.nnx.Module`` (its ``nnx.Param`` state is
-      trained and written back). The model is applied deterministically to one
-      example at a time: no BatchNorm statistics (they mix examples; use
-      GroupNorm) and no dropout (non-``Param`` nnx state is held fixed).
+      trained and written back). Applied deterministically to one example at a
+      time: no BatchNorm statistics (use GroupNorm), no dropout.
     x, y: training inputs (N, ...) (real and finite) and labels (N,): integers
       in ``[0, num_classes)`` for the default loss. Checked before anything is
-      computed or spent (``ValueError``/``TypeError`` naming the argument):
-      ``len(x) == len(y)``, no NaN/inf, no complex or non-numeric data, labels
-      in range, a model that accepts one example of ``x`` and has no BatchNorm
-      in training mode.
-    key: ``jax.random`` key; split into init / sampling / noise keys.
-    epochs: expected passes over the data; steps T = ceil(epochs / q).
-    l2_clip_norm: per-example clip norm (or per-group norms with ``per_layer``).
+      computed or spent (``ValueError``/``TypeError`` naming the argument).
+      Placed on the device(s) once; batches are sampled inside the jitted step.
+    key: ``jax.random`` key, split as :mod:`.keys` (init / sampling / noise).
+    epochs: expected passes over the data: T = ceil(epochs / q) (with
+      ``noise_strategy``, ``min_separation`` steps per pass).
+    l2_clip_norm: per-example clip norm (per-group norms with ``per_layer``),
+      or an :class:`~.adaptive_clipping.AdaptiveClipNorm` (adaptive clipping).
     delta: target delta in (0, 1) (use < 1/N).
-    sample_rate / expected_batch_size: q, or q N (exactly one).
-    target_epsilon / noise_multiplier: calibrate sigma for this epsilon, or use
-      the given sigma (exactly one; sigma = 0 trains non-privately, epsilon = inf).
-    optimizer: optax optimiser applied to the private average (default
-      ``optax.sgd(learning_rate)``).
+    sample_rate / expected_batch_size, target_epsilon / noise_multiplier,
+    optimizer, learning_rate, per_layer, microbatch_size, clipping_method,
+    physical_batch_size, overflow_prob, accountant_method, neighbouring,
+    noise_strategy, min_separation: as for :func:`.make_private` (sigma = 0
+    trains non-privately, epsilon = inf; ``accountant_method`` is ONE method for
+    the calibration and ``result.epsilon`` / ``result.guarantee``).
+    params: initial parameters (a linen ``params`` tree, optional).
     loss: per-example loss on (logits, label); default softmax cross-entropy.
-    per_layer, microbatch_size, clipping_method: see :func:`clipped_grad`
-      (``clipping_method`` is its ``method``: ``"vmap"`` or ``"reweight"``).
-    physical_batch_size: static chunk size P (gradient accumulation: a Poisson
-      batch larger than P is processed as several chunks before ONE noisy
-      update). Default: the binomial bound at ``overflow_prob``.
-    on_overflow: ``"split"`` or ``"raise"`` (see :mod:`.sampling`).
-    max_overflow_delta_fraction: with ``on_overflow="raise"``, refuse (ValueError)
-      a padded size whose abort delta ``(1 + e^epsilon) * steps * p`` exceeds
-      this fraction of ``delta``.
-    accountant_method: ``"rdp"`` (default) or ``"pld"``: ONE method for the
-      calibration of sigma and for ``result.epsilon`` / ``result.guarantee``
-      (which names it). ``"pld"`` is tighter (a smaller sigma for the same
-      target) but its calibration takes tens of seconds.
-    accountant: a ``PrivacyAccountant`` (anything with ``spend(event, count)``)
-      to record the DP-SGD event on; ``"default"`` makes a fresh one; ``None``
-      records nothing.
-    mesh: optional 1-D ``jax.sharding.Mesh`` for data parallelism (axis "data").
-    eval_fn: ``params -> dict`` of metrics, run every ``eval_every`` steps and at the end.
+    on_overflow: ``"split"`` (exact) or ``"raise"`` (abort rule above; not with
+      ``noise_strategy``).
+    max_overflow_delta_fraction: bound on the abort term, as a fraction of ``delta``.
+    accountant: a ``PrivacyAccountant`` / ``PrivacyBudget`` (anything with
+      ``spend(event, count)``); ``"default"`` makes a fresh one; ``None``
+      records the run on a private throwaway ledger only.
+    mesh: optional 1-D ``jax.sharding.Mesh`` (axis ``"data"``): data parallelism,
+      the data sharded over it and the clipped sums ``psum``-reduced.
+    eval_fn, eval_every: ``params -> dict`` of metrics, run every ``eval_every``
+      steps and at the end (records in ``history``).
     progress: show a tqdm bar.
-    neighbouring: ``"add_remove"`` (default) or ``"replace_one"`` (needs
-      ``accountant_method="pld"``): the relation of the guarantee and of the event spent.
-    checkpoint_dir: make the run resumable (:mod:`.checkpointing`): Orbax
-      checkpoints of the params and optimiser state (noise key and step)
-      every ``checkpoint_every`` steps (default ``max(1, T // 10)``) and at
-      the end, and a durable ledger that records the planned event as paid.
-      Calling ``train_dpsgd`` again with the same arguments continues from the
-      newest checkpoint with the same batches and noise (the result equals an
-      uninterrupted run's); the planned event is charged again only to an
-      in-memory accountant (a durable ``PrivacyBudget(path=...)`` already holds
-      it), so the ledger holds the run once. ``history`` and ``seconds`` cover
-      the steps this call ran. A directory of another plan is refused.
+    checkpoint_dir, checkpoint_every: make the run resumable
+      (:meth:`.PrivateSGD.restore` rules): calling ``train_dpsgd`` again with
+      the same arguments and data continues from the newest checkpoint with the
+      same batches and noise (the result equals an uninterrupted run's); steps
+      already paid are charged again only to an accountant that does not hold
+      them (a durable ``PrivacyBudget(path=...)`` does). ``history`` and
+      ``seconds`` cover the steps this call ran. A directory of another plan is
+      refused.
   """
   _validation.check_key(key)
   # Every input is checked here, before any calibration, gradient or spend.
-  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
-                                                            "accountant_method")
-  if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
-          or hasattr(accountant, "spend")):
-    raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
-                    f"spend(event, count)), 'default' or None, got {accountant!r}.")
-  if loss is not None and not callable(loss):
-    raise TypeError(f"loss must be callable, got {type(loss).__name__}.")
-  if not hasattr(x, "dtype"):
-    x = np.asarray(x)
-  if not hasattr(y, "dtype"):
-    y = np.asarray(y)
-  x_rows = np.shape(x)[0] if np.ndim(x) else None
-  y_rows = np.shape(y)[0] if np.ndim(y) else None
-  if x_rows is None or y_rows is None or x_rows != y_rows:
-    raise ValueError(f"x and y must have the same number of rows (one label per example), got "
-                     f"x of shape {np.shape(x)} and y of shape {np.shape(y)}.")
-  n = _validation.check_positive_int(int(y_rows), "len(y)")
-  if loss is None:
-    _inputs.check_label_dtype(y, "y")
-    _inputs.check_label_shape(y, "y")
-  _inputs.check_examples((x, y), ("x", "y"), n)
-  q = sampling.resolve_sample_rate(sample_rate, expected_batch_size, n)
-  delta = _validation.check_delta(delta, allow_zero=False)
-  steps = dpsgd_accounting.steps_for_epochs(epochs, q)
-  every = checkpointing.check_arguments(checkpoint_dir, checkpoint_every)
-  frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
-  if not 0.0 < frac <= 1.0:
-    raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
-
-  run_keys = keys_lib.derive(key)  # the same keys as make_private's (.keys)
-  init_key, noise_key = run_keys.init, run_keys.gradient_noise
-  x = jnp.asarray(x)
-  y = jnp.asarray(y)
-  _inputs.refuse_batchnorm_nnx(model)
-  apply, params, write_back = _model_apply(model, params, init_key, x[:1])
-  per_example = make_per_example_loss(apply, loss)
-  _inputs.probe_loss(per_example, params, (x, y), batch_argnums=(1, 2), names=("x", "y"),
-                     what="the model and loss")
-  if loss is None:
-    _inputs.check_labels(y, "y", _inputs.num_classes_of(apply, params, _inputs.example_spec(x)))
+  x, y, frac = _check_arguments(x, y, loss=loss, accountant=accountant, neighbouring=neighbouring,
+                                accountant_method=accountant_method, on_overflow=on_overflow,
+                                max_overflow_delta_fraction=max_overflow_delta_fraction)
+  per_example, params, write_back = _build_model(model, params, key, x, y, loss)
   if isinstance(accountant, str):
     accountant = _default_accountant()
-  grad_fn = clipping.clipped_grad(per_example, l2_clip_norm=l2_clip_norm, batch_argnums=(1, 2),
-                                  microbatch_size=microbatch_size, per_layer=per_layer,
-                                  method=clipping_method)
-  n_dev = 1
-  if mesh is not None:
-    from jaxdp.dpsgd import data_parallel
-    grad_fn = data_parallel.data_parallel_clipped_grad(grad_fn, mesh)
-    n_dev = mesh.shape["data"]
-    params = data_parallel.replicate(params, mesh)
-  sampler = sampling.PoissonSampler(n, q, padded_size=physical_batch_size,
-                                    overflow_prob=overflow_prob, on_overflow=on_overflow,
-                                    multiple_of=n_dev)
-  # Calibration last: it is the slow part (seconds), and every cheap check ran before it.
-  sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
-                                                    steps, accountant=accountant_method,
-                                                    neighbouring=relation)
-  sensitivity = grad_fn.sensitivity
-  if sigma > 0 and math.isinf(sensitivity):
-    raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
-  overflow_delta = 0.0
-  if on_overflow == "raise" and sigma > 0:
-    p_abort = sampler.overflow_probability
-    eps_planned = dpsgd_accounting.dpsgd_epsilon(sigma, q, steps, delta, accountant_method,
-                                                 relation)
-    overflow_delta = sampling.abort_delta(p_abort, steps, eps_planned)
-    if not overflow_delta <= frac * delta:
-      allowed = frac * delta / (steps * (1.0 + math.exp(min(eps_planned, 700.0))))
-      needed = sampling.padded_batch_size(n + 1, q, allowed, n_dev) if allowed > 0 else n + 1
-      raise ValueError(
-          f"on_overflow='raise' with padded size P={sampler.padded_size} (physical_batch_size / "
-          f"overflow_prob) aborts with probability p={p_abort:.3g} per step, adding "
-          f"(1 + e^eps) * steps * p = {overflow_delta:.3g} to delta, more than "
-          f"max_overflow_delta_fraction * delta = {frac * delta:.3g}; use P >= {needed} "
-          f"(overflow_prob <= {allowed:.3g}) or on_overflow='split' (exact, no extra delta). "
-          "Nothing was trained or spent.")
-
-  ckpt, newest = None, None
-  if checkpoint_dir is not None:
-    ckpt = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), {
-        "function": "train_dpsgd", "num_examples": n, "sample_rate": q,
-        "noise_multiplier": float(sigma), "sensitivity": float(sensitivity), "steps": steps,
-        "padded_size": int(sampler.padded_size), "on_overflow": on_overflow,
-        "neighbouring": relation, "accountant_method": accountant_method,
-        "key_sha256": checkpointing.key_digest(key)})
-    every = every or max(1, steps // 10)
-    newest, through = ckpt.latest_step(), ckpt.checkpointed_through()
-    if through and (newest is None or newest < through):
-      raise ValueError(
-          f"checkpoint_dir holds no checkpoint of step {through}, which was saved (released) "
-          f"before; resuming from step {newest or 0} would replay the noise of released steps. "
-          "Use a fresh checkpoint_dir, or make_private(...).restore, which continues with fresh "
-          "keys.")
-  already_paid = ckpt is not None and ckpt.steps_paid() >= steps
-  # Reserve the planned event BEFORE the first step; no refund if the run stops.
-  if accountant is not None and not (already_paid and getattr(accountant, "path", None)):
-    planned = (dpsgd_accounting.dpsgd_event(sigma, q, steps, neighbouring=relation) if sigma > 0
-               else events.NonPrivateDpEvent())
-    try:
-      accountant.spend(planned)
-    except BudgetExceededError as err:
-      raise BudgetExceededError(
-          f"DP-SGD ({steps} steps, q={q}, noise_multiplier={sigma}) would exceed the budget; "
-          f"nothing was trained or spent. ({err})") from err
-  if ckpt is not None:
-    ckpt.record_paid(steps)
-  base = optimizer if optimizer is not None else optax.sgd(learning_rate)
-  tx = optax.chain(
-      transforms.noisy_aggregate(sigma, sensitivity, sampler.expected_batch_size, noise_key), base)
-  opt_state = tx.init(params)
-  first_step = 0
-  if newest is not None:
-    first_step, restored = ckpt.restore({"params": params, "opt_state": opt_state})
-    params, opt_state = restored["params"], restored["opt_state"]
-    if mesh is not None:
-      params, opt_state = data_parallel.replicate((params, opt_state), mesh)
-
-  @jax.jit
-  def accumulate(params, acc, xs, ys, idx, mask):
-    g, info = grad_fn(params, sampling.MaskedBatch((xs[idx], ys[idx]), mask))
-    return jax.tree.map(jnp.add, acc, g), info.loss_sum
-
-  @jax.jit
-  def final(params, opt_state, acc, xs, ys, idx, mask):
-    g, info = grad_fn(params, sampling.MaskedBatch((xs[idx], ys[idx]), mask))
-    g = jax.tree.map(jnp.add, acc, g)
-    updates, opt_state = tx.update(g, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, info.loss_sum
-
-  # The clipped sums are at least float32 (clipping.clipped_grad), also for bf16 params.
-  zeros = jax.tree.map(
-      lambda p: jnp.zeros(jnp.shape(p), jnp.promote_types(jnp.result_type(p), jnp.float32)), params)
-  history: list[dict[str, float]] = []
-  step_keys = run_keys.step_keys(steps)
-  iterator = range(first_step, steps)
-  if progress:
-    from tqdm.auto import tqdm
-    iterator = tqdm(iterator, desc="DP-SGD", unit="step", initial=first_step, total=steps)
-  steps_run = first_step
-  loss_acc, count_acc = 0.0, 0
+  # Argument checks, then the calibration (the slow part), inside make_private.
+  private = private_step.make_private(
+      per_example, l2_clip_norm=l2_clip_norm, num_examples=len(y), key=key,
+      expected_batch_size=expected_batch_size, sample_rate=sample_rate,
+      target_epsilon=target_epsilon, noise_multiplier=noise_multiplier, delta=delta,
+      epochs=epochs, optimizer=optimizer, learning_rate=learning_rate,
+      physical_batch_size=physical_batch_size, overflow_prob=overflow_prob,
+      clipping_method=clipping_method, per_layer=per_layer, microbatch_size=microbatch_size,
+      accountant_method=accountant_method, neighbouring=neighbouring,
+      checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
+      noise_strategy=noise_strategy, min_separation=min_separation)
+  overflow_delta, checker = _abort_rule(private, on_overflow, frac)
+  ledger = accountant if accountant is not None else _throwaway_accountant()
+  params, state, sampler = _open_run(private, params, (x, y), ledger, mesh)
+  step_keys = None if checker is None else keys_lib.derive(key).step_keys(private.steps)
+  history = _History(private, eval_fn)
   t0 = time.perf_counter()
-
-  def epsilon_after(t: int) -> float:
-    if t == 0:
-      return 0.0
-    if sigma == 0:
-      return math.inf
-    return dpsgd_accounting.dpsgd_epsilon(sigma, q, t, delta, accountant_method, relation)
-
-  try:
-    for t in iterator:
-      chunks = sampler.sample(step_keys[t])
-      acc = zeros
-      loss_sum = jnp.zeros(())
-      for c in chunks[:-1]:
-        idx, mask = c.slots_and_mask()
-        acc, ls = accumulate(params, acc, x, y, jnp.asarray(idx), jnp.asarray(mask))
-        loss_sum = loss_sum + ls
-      idx, mask = chunks[-1].slots_and_mask()
-      params, opt_state, ls = final(params, opt_state, acc, x, y, jnp.asarray(idx),
-                                    jnp.asarray(mask))
-      steps_run = t + 1
-      if ckpt is not None and (steps_run % every == 0 or steps_run == steps):
-        ckpt.save(steps_run, {"params": params, "opt_state": opt_state}, wait=steps_run == steps)
-      loss_acc += float(loss_sum + ls)
-      count_acc += sum(c.num_examples for c in chunks)
-      if eval_every and eval_fn is not None and steps_run % eval_every == 0 and steps_run < steps:
-        rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": epsilon_after(steps_run),
-               "accountant_method": accountant_method,
-               "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
-        rec.update(eval_fn(params))
-        history.append(rec)
-        loss_acc, count_acc = 0.0, 0
-  finally:
-    if ckpt is not None:
-      ckpt.close()  # wait for a pending save (also when the loop raised)
+  params, steps_run = _run_steps(private, sampler, params, state, history, eval_every=eval_every,
+                                 progress=progress, checker=checker, step_keys=step_keys)
   seconds = time.perf_counter() - t0
-  eps = epsilon_after(steps_run)
-  rec = {"step": steps_run, "epoch": steps_run * q, "epsilon": eps,
-         "accountant_method": accountant_method,
-         "nonprivate_train_loss": loss_acc / max(count_acc, 1)}
-  if eval_fn is not None:
-    rec.update(eval_fn(params))
-  history.append(rec)
+  history.record(steps_run, params)
   write_back(params)
-  return DPSGDResult(params=params, noise_multiplier=float(sigma), epsilon=eps,
-                     delta=delta + overflow_delta, steps=steps_run, sample_rate=q,
-                     expected_batch_size=sampler.expected_batch_size,
-                     sensitivity=float(sensitivity), padded_size=sampler.padded_size,
-                     history=history, accountant=accountant, seconds=seconds,
+  return DPSGDResult(params=params, noise_multiplier=private.noise_multiplier,
+                     epsilon=private.epsilon(steps_run), delta=private.delta + overflow_delta,
+                     steps=steps_run, sample_rate=private.sample_rate,
+                     expected_batch_size=private.expected_batch_size,
+                     sensitivity=private.sensitivity, padded_size=private.padded_size,
+                     history=history.records, accountant=accountant, seconds=seconds,
                      overflow_delta=overflow_delta, accountant_method=accountant_method,
-                     neighbouring=relation)
+                     neighbouring=private.neighbouring)

@@ -42,6 +42,33 @@ from jaxdp import _validation
 from jaxdp import mechanisms
 
 
+class NoiseTransformation(optax.GradientTransformation):
+  """An optax ``GradientTransformation`` that also states the noise it adds.
+
+  Attributes (set by the constructor that built it):
+    noise_multiplier: sigma of the Gaussian added to the SUM, in units of
+      ``l2_sensitivity`` (std ``sigma S``).
+    l2_sensitivity: S, the sensitivity of the sum the noise is calibrated for.
+
+  A plain tuple ``(init, update)`` otherwise: ``optax.chain`` and every optax
+  API treat it as any GradientTransformation. Wrappers that must know the
+  noise (``adaptive_clipping.adaptive_clip_noise``) check these attributes
+  instead of trusting the caller.
+  """
+
+  noise_multiplier: float
+  l2_sensitivity: float
+
+
+def noise_transformation(init_fn, update_fn, *, noise_multiplier: float,
+                         l2_sensitivity: float) -> NoiseTransformation:
+  """``NoiseTransformation(init_fn, update_fn)`` carrying its ``noise_multiplier``, ``l2_sensitivity``."""
+  out = NoiseTransformation(init_fn, update_fn)
+  out.noise_multiplier = float(noise_multiplier)
+  out.l2_sensitivity = float(l2_sensitivity)
+  return out
+
+
 class NoisyAggregateState(NamedTuple):
   """State of :func:`noisy_aggregate`: the PRNG key for the next step's noise."""
 
@@ -105,6 +132,10 @@ def noisy_aggregate(
     l2_sensitivity: sensitivity S of the sum, normally ``clipped_fn.sensitivity``.
     expected_batch_size: ``q * N`` > 0, a data-independent constant.
     key: ``jax.random`` key for the noise; never reuse it elsewhere.
+
+  Returns:
+    A :class:`NoiseTransformation` (a GradientTransformation whose
+    ``noise_multiplier`` and ``l2_sensitivity`` attributes are the arguments).
   """
   std = noise_stddev(noise_multiplier, l2_sensitivity)
   denom = _validation.check_positive(expected_batch_size, "expected_batch_size")
@@ -130,7 +161,8 @@ def noisy_aggregate(
     ]
     return jax.tree.unflatten(treedef, noised), NoisyAggregateState(next_key, state.count + 1)
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return noise_transformation(init_fn, update_fn, noise_multiplier=noise_multiplier,
+                              l2_sensitivity=l2_sensitivity)
 
 
 def dp_optimizer(

@@ -42,6 +42,15 @@ E2E = dict(l2_clip_norm=0.5, expected_batch_size=40.0, noise_multiplier=1.0, del
 E2E_KEY = 3
 
 
+def bandmf_plan(n: int):
+  """A correlated-noise plan (BandMF, 2 bands = 2 cyclic groups) with an adaptive clip norm."""
+  from jaxdp.dpsgd.adaptive_clipping import AdaptiveClipNorm  # pylint: disable=g-import-not-at-top
+  from jaxdp.dpsgd.correlated import BandMF  # pylint: disable=g-import-not-at-top
+  return make_private(linear_loss, num_examples=n, key=jax.random.key(E2E_KEY + 1),
+                      **{**E2E, "l2_clip_norm": AdaptiveClipNorm(initial=0.3, learning_rate=0.5)},
+                      noise_strategy=BandMF(np.array([1.0, 0.5])))
+
+
 def _message(fn) -> str:
   try:
     fn()
@@ -124,6 +133,18 @@ def end_to_end(n: int, budget_path: str) -> dict:
     out[f"{name}_sizes"] = np.asarray(sizes)
     out[f"{name}_entries"] = len(ledger)
     out[f"{name}_count"] = sum(c for _, c in ledger)
+  # Cyclic Poisson batches and an adaptive clip norm, sampled inside the step on the mesh.
+  private = bandmf_plan(n)
+  sampler = private.sampler(PrivacyAccountant(), data=data, mesh=mesh)
+  params = initial_params()
+  state = private.init(params)
+  sizes = []
+  for _ in range(private.steps):
+    params, state, info = private.step(params, state, sampler.sample())
+    sizes.append(float(np.asarray(info.nonprivate_num_examples.addressable_data(0))))
+  out["bandmf_w"] = np.asarray(params["w"].addressable_data(0))
+  out["bandmf_sizes"] = np.asarray(sizes)
+  out["bandmf_clip"] = np.float64(private.clip_norm(state))
   stored = PrivacyBudget.load(budget_path).accountant.ledger
   out["budget_file_entries"] = len(stored)
   out["budget_file_count"] = sum(c for _, c in stored)

@@ -159,7 +159,10 @@ def _transform(sigma_delta, sigma_b, *, initial=1.0, gamma=0.5, lr=0.2, key=0, q
   inner = transforms.noisy_aggregate(sigma_delta, 1.0, qn, kg)
   cfg = ac.AdaptiveClipNorm(initial=initial, target_quantile=gamma, learning_rate=lr,
                             count_noise_multiplier=sigma_b)
-  return ac.adaptive_clip_noise(inner, cfg, expected_batch_size=qn, key=kc)
+  # The built inner is checked against the sigma_Delta of the total multiplier.
+  total = ac.joint_noise_multiplier(sigma_delta, sigma_b) * (1 - 1e-9)
+  return ac.adaptive_clip_noise(inner, cfg, noise_multiplier=total, expected_batch_size=qn,
+                                key=kc)
 
 
 @pytest.fixture(scope="module")
@@ -277,9 +280,18 @@ def test_wraps_the_correlated_noise_transform():
   strategies = pytest.importorskip("jaxdp.dpsgd.correlated.strategies")
   strategy = strategies.BandMF(coefs=np.array([1.0, -0.4]))
   kc, kg = jax.random.split(jax.random.key(11))
-  inner = noise.correlated_noise(strategy, 8, 1.2, 1.0, _QN, kg)
   cfg = ac.AdaptiveClipNorm(initial=0.7, count_noise_multiplier=_SIGMA_B)
-  tx = ac.adaptive_clip_noise(inner, cfg, expected_batch_size=_QN, key=kc)
+  built = []
+
+  def factory(s):  # the wrapper builds the inner noise with sigma_Delta
+    built.append(noise.correlated_noise(strategy, 8, s, 1.0, _QN, kg))
+    return built[-1]
+
+  tx = ac.adaptive_clip_noise(factory, cfg, noise_multiplier=1.2, expected_batch_size=_QN,
+                              key=kc)
+  inner = built[0]
+  assert ac.joint_noise_multiplier(
+      ac.gradient_noise_multiplier(1.2, _SIGMA_B), _SIGMA_B) == pytest.approx(1.2)
   g = {"w": jnp.arange(5.0), "b": jnp.array(1.0)}
 
   step, ref_step = jax.jit(tx.update), jax.jit(inner.update)
@@ -309,19 +321,22 @@ def test_bad_arguments_are_refused_before_work():
   inner = transforms.noisy_aggregate(1.0, 1.0, 64.0, jax.random.key(1))
   key = jax.random.key(2)
   with pytest.raises(TypeError, match="inner"):
-    ac.adaptive_clip_noise(lambda g: g, cfg, expected_batch_size=64.0, key=key)
+    ac.adaptive_clip_noise(lambda g: g, cfg, noise_multiplier=0.5, expected_batch_size=64.0,
+                           key=key)
   with pytest.raises(TypeError, match="config"):
-    ac.adaptive_clip_noise(inner, {"initial": 0.1}, expected_batch_size=64.0, key=key)
+    ac.adaptive_clip_noise(inner, {"initial": 0.1}, noise_multiplier=0.5,
+                           expected_batch_size=64.0, key=key)
   with pytest.raises(ValueError, match="expected_batch_size"):
-    ac.adaptive_clip_noise(inner, cfg, expected_batch_size=0.0, key=key)
+    ac.adaptive_clip_noise(inner, cfg, noise_multiplier=0.5, expected_batch_size=0.0, key=key)
   with pytest.raises(ValueError, match="count_noise_multiplier"):
-    ac.adaptive_clip_noise(inner, cfg, expected_batch_size=64.0, key=key,
+    ac.adaptive_clip_noise(inner, cfg, noise_multiplier=0.5, expected_batch_size=64.0, key=key,
                            count_noise_multiplier=-1.0)
   with pytest.raises(ValueError, match="differs from the config"):
     ac.adaptive_clip_noise(inner, ac.AdaptiveClipNorm(initial=0.1, count_noise_multiplier=2.0),
-                           expected_batch_size=64.0, key=key, count_noise_multiplier=3.0)
+                           noise_multiplier=0.5, expected_batch_size=64.0, key=key,
+                           count_noise_multiplier=3.0)
   with pytest.raises((TypeError, ValueError), match="key"):
-    ac.adaptive_clip_noise(inner, cfg, expected_batch_size=64.0, key=3)
+    ac.adaptive_clip_noise(inner, cfg, noise_multiplier=0.5, expected_batch_size=64.0, key=3)
   with pytest.raises(ValueError, match="too small"):
     ac.adaptive_noisy_aggregate(ac.AdaptiveClipNorm(initial=0.1, count_noise_multiplier=0.4),
                                 noise_multiplier=1.0, expected_batch_size=64.0, key=key)
@@ -339,12 +354,12 @@ def test_shared_key_between_noises_is_refused_at_init():
   cfg = ac.AdaptiveClipNorm(initial=0.1)
   key = jax.random.key(5)
   tx = ac.adaptive_clip_noise(transforms.noisy_aggregate(1.0, 1.0, 64.0, key), cfg,
-                              expected_batch_size=64.0, key=key)
+                              noise_multiplier=0.5, expected_batch_size=64.0, key=key)
   with pytest.raises(ValueError, match="same key"):
     tx.init(_grads())
   raw = jax.random.PRNGKey(5)  # raw uint32 keys are compared too
   tx = ac.adaptive_clip_noise(transforms.noisy_aggregate(1.0, 1.0, 64.0, raw), cfg,
-                              expected_batch_size=64.0, key=raw)
+                              noise_multiplier=0.5, expected_batch_size=64.0, key=raw)
   with pytest.raises(ValueError, match="same key"):
     tx.init(_grads())
 
@@ -457,8 +472,8 @@ def _track(gamma, *, steps, n, q, sigma_b, seed=0):
   qn = q * n
   cfg = ac.AdaptiveClipNorm(initial=0.1, target_quantile=gamma, count_noise_multiplier=sigma_b)
   kc, kg, ks = jax.random.split(jax.random.key(seed), 3)
-  tx = ac.adaptive_clip_noise(transforms.noisy_aggregate(1e-3, 1.0, qn, kg), cfg,
-                              expected_batch_size=qn, key=kc)
+  tx = ac.adaptive_clip_noise(lambda s: transforms.noisy_aggregate(s, 1.0, qn, kg), cfg,
+                              noise_multiplier=1e-3, expected_batch_size=qn, key=kc)
   loss = lambda w, xi: jnp.dot(w, xi)
   w = jnp.zeros((4,))
 

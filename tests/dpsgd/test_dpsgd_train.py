@@ -34,6 +34,11 @@ class _Recorder:
     self.calls.append((event, count))
 
 
+def _planned(sigma, q, steps):
+  """The ledger entry of a planned run: (one step's event, steps), paid before the first step."""
+  return (dpsgd_accounting.dpsgd_event(sigma, q, 1).event, steps)
+
+
 def test_accountant_receives_q_steps_and_calibrated_sigma():
   x, y = _toy()
   rec = _Recorder()
@@ -49,12 +54,13 @@ def test_accountant_receives_q_steps_and_calibrated_sigma():
   # and 1% less noise would not (so it is not grossly over-noised either).
   assert dpsgd_accounting.dpsgd_epsilon(sigma, q, 15, 1e-5) <= 3.0
   assert dpsgd_accounting.dpsgd_epsilon(0.99 * sigma, q, 15, 1e-5) > 3.0
+  # The planned run is paid at once by make_private's sampler: ONE call, 15 x the step event
+  # (the ledger entry (step_event, 15); the same epsilon as dpsgd_event(sigma, q, 15)).
   ((event, count),) = rec.calls
-  assert count == 1
-  assert isinstance(event, events.SelfComposedDpEvent) and event.count == 15
-  assert isinstance(event.event, events.PoissonSampledDpEvent)
-  assert event.event.sampling_probability == pytest.approx(q, rel=1e-15)
-  assert event.event.event.noise_multiplier == pytest.approx(sigma, rel=1e-15)
+  assert count == 15
+  assert isinstance(event, events.PoissonSampledDpEvent)
+  assert event.sampling_probability == pytest.approx(q, rel=1e-15)
+  assert event.event.noise_multiplier == pytest.approx(sigma, rel=1e-15)
   # Reported epsilon is the accountant's, and meets the target.
   assert res.epsilon == pytest.approx(dpsgd_accounting.dpsgd_epsilon(sigma, q, 15, 1e-5), rel=1e-12)
   assert 2.9 < res.epsilon <= 3.0
@@ -79,7 +85,7 @@ def test_killed_run_has_spent_the_planned_event():
 
   def eval_fn(params):
     # Killed during the run: the reservation is already in the ledger.
-    assert rec.calls == [(dpsgd_accounting.dpsgd_event(1.3, 0.1, 15), 1)]
+    assert rec.calls == [_planned(1.3, 0.1, 15)]
     raise Stop()
 
   for acc in (rec, budget):
@@ -87,8 +93,8 @@ def test_killed_run_has_spent_the_planned_event():
       dpsgd.train_dpsgd(models.LinearClassifier(num_classes=3), x, y, key=jax.random.key(3),
                         epochs=1.5, l2_clip_norm=1.0, delta=1e-5, sample_rate=0.1,
                         noise_multiplier=1.3, accountant=acc, eval_fn=eval_fn, eval_every=3)
-  assert rec.calls == [(dpsgd_accounting.dpsgd_event(1.3, 0.1, 15), 1)]
-  assert budget.accountant.ledger == ((dpsgd_accounting.dpsgd_event(1.3, 0.1, 15), 1),)
+  assert rec.calls == [_planned(1.3, 0.1, 15)]
+  assert budget.accountant.ledger == (_planned(1.3, 0.1, 15),)
 
 
 def test_two_runs_sharing_a_budget_cannot_both_run():
@@ -118,7 +124,7 @@ def test_two_runs_sharing_a_budget_cannot_both_run():
                           eval_every=2, **common)
   assert res.steps == 10
   assert outcomes == ["refused"]
-  assert budget.accountant.ledger == ((one, 1),)
+  assert budget.accountant.ledger == (_planned(1.0, 0.1, 10),)
 
 
 def test_overflow_raise_adds_abort_delta_or_refuses():

@@ -104,6 +104,26 @@ def test_two_processes_train_like_one_process(job):
   assert accountant.ledger[0][1] == steps
 
 
+@pytest.mark.multidevice
+def test_two_processes_bandmf_adaptive_like_the_host_path(job):
+  # Device-resident cyclic Poisson + adaptive clipping on the 2-process mesh gives the run of
+  # the host path (sample().gather) in this process for the same key.
+  x, y = worker.dataset(N)
+  private = worker.bandmf_plan(N)
+  sampler = private.sampler(PrivacyAccountant())
+  params = worker.initial_params()
+  state = private.init(params)
+  sizes = []
+  for _ in range(private.steps):
+    params, state, info = private.step(params, state, sampler.sample().gather(x, y))
+    sizes.append(float(info.nonprivate_num_examples))
+  for out in (w.out for w in job):
+    np.testing.assert_array_equal(out["bandmf_sizes"], sizes)
+    np.testing.assert_allclose(out["bandmf_w"], params["w"], rtol=1e-5, atol=1e-6)
+    assert float(out["bandmf_clip"]) == pytest.approx(private.clip_norm(state), rel=1e-6)
+  assert np.abs(np.asarray(params["w"]) - worker.initial_params()["w"]).max() > 0.05
+
+
 def test_single_process_rows_dataset_and_broadcast():
   mesh = multihost.global_mesh()
   n_dev = len(jax.devices())

@@ -6,9 +6,11 @@ lower error on the prefix sums SGD computes (Denisov et al. 2022; Choquette-Choo
 et al. 2023, multi-epoch MF and amplified BandMF; Dvijotham, McMahan et al.
 2024, BLT).
 
-* :mod:`.strategies` -- :class:`BandMF` (banded Toeplitz) and :class:`BLT`
-  (buffered linear Toeplitz) strategies C;
-* :mod:`.optimize` -- :func:`optimize_bandmf`, :func:`optimize_blt`: C for the
+* :mod:`.strategies` -- :class:`BandMF` (banded Toeplitz), :class:`BLT`
+  (buffered linear Toeplitz) and :class:`ColumnNormalizedBanded` (general
+  banded, unit columns) strategies C, all subclasses of :class:`Strategy`;
+* :mod:`.optimize` -- :func:`optimize_bandmf`, :func:`optimize_blt`,
+  :func:`optimize_column_normalized_banded`: C for the
   SGD workload (momentum and learning rates folded in) under (k, b)
   participation, in float64;
 * :mod:`.sensitivity` -- the sensitivity of C under k participations at least
@@ -26,13 +28,15 @@ from jaxdp.dpsgd.correlated import accounting, optimize, sensitivity, workloads
 from jaxdp.dpsgd.correlated.accounting import (calibrate_mf_noise_multiplier, mf_epsilon,
                                                   mf_event)
 from jaxdp.dpsgd.correlated.noise import CorrelatedNoiseState, correlated_noise, noise_stddev
-from jaxdp.dpsgd.correlated.optimize import expected_error, optimize_bandmf, optimize_blt
+from jaxdp.dpsgd.correlated.optimize import (expected_error, optimize_bandmf, optimize_blt,
+                                             optimize_column_normalized_banded)
 from jaxdp.dpsgd.correlated.participation import CyclicPoissonSampler, max_participations
-from jaxdp.dpsgd.correlated.strategies import BLT, BandMF
+from jaxdp.dpsgd.correlated.strategies import BLT, BandMF, ColumnNormalizedBanded, Strategy
 
 __all__ = [
-    "BLT", "BandMF", "CorrelatedNoiseState", "CyclicPoissonSampler", "accounting",
-    "calibrate_mf_noise_multiplier", "correlated_noise", "max_participations", "mf_epsilon",
-    "mf_event", "noise_stddev", "expected_error", "optimize", "optimize_bandmf", "optimize_blt",
-    "sensitivity", "workloads",
+    "BLT", "BandMF", "ColumnNormalizedBanded", "CorrelatedNoiseState", "CyclicPoissonSampler",
+    "Strategy", "accounting", "calibrate_mf_noise_multiplier", "correlated_noise",
+    "expected_error", "max_participations", "mf_epsilon", "mf_event", "noise_stddev", "optimize",
+    "optimize_bandmf", "optimize_blt", "optimize_column_normalized_banded", "sensitivity",
+    "workloads",
 ]

@@ -2,18 +2,20 @@
 
 Notation: n steps, cyclic groups ``b = min_separation`` with in-group Poisson
 rate p (:mod:`.participation`), at most ``k = ceil(n / b)`` participations
-per example, a Toeplitz strategy C with single-participation sensitivity
-``s_1 = ||C[:, 0]||`` and noise ``z ~ N(0, (sigma S s_1)^2 I)`` on ``C x``
+per example, a strategy C (:class:`~.strategies.Strategy`) with
+single-participation sensitivity ``s_1 = max_t ||C[:, t]||`` and noise ``z ~ N(0, (sigma S s_1)^2 I)`` on ``C x``
 (:mod:`.noise`; S is the clip norm). Two sound analyses, both add/remove of
 one ``unit``:
 
-* **Amplified** (``BandMF`` with ``bands <= b`` and ``p < 1``): Choquette-Choo
-  et al. 2023, "(Amplified) banded matrix factorization", Theorem 4. Column t
-  of a b-banded C is supported on rows ``t .. t + b - 1``, so the k possible
+* **Amplified** (a banded strategy -- ``BandMF`` or ``ColumnNormalizedBanded``
+  -- with ``bands <= b`` and ``p < 1``): Choquette-Choo et al. 2023, "(Amplified)
+  banded matrix factorization", Theorem 4, which holds for any lower-triangular
+  b-banded C (Toeplitz or not). Column t of a b-banded C is supported on rows ``t .. t + b - 1``, so the k possible
   participations of one example (steps ``g, g + b, ...``) touch disjoint
   blocks of ``C x + z``. Each block is a Poisson-subsampled Gaussian (the
   mixture ``(1 - p) N(0, s^2) + p N(C[:, t] g, s^2)`` against ``N(0, s^2)``) with
-  ``||C[:, t] g|| <= S s_1``, i.e. noise multiplier sigma; adaptivity is covered
+  ``||C[:, t] g|| <= S s_1`` (s_1 the largest column norm), i.e. noise
+  multiplier sigma; adaptivity is covered
   by the theorem. The run is exactly k compositions of
   ``PoissonSampled(p, Gaussian(sigma))``: DP-SGD's event with q = p and k
   steps (:func:`jaxdp.accounting.dpsgd_event`), accounted by dp_accounting's
@@ -54,10 +56,11 @@ DETERMINISTIC = "deterministic"
 
 
 def analysis(strategy, min_separation: int, sample_rate: float) -> str:
-  """``"amplified"`` for BandMF with ``bands <= b`` and ``p < 1``, else ``"deterministic"``."""
+  """``"amplified"`` for a banded strategy with ``bands <= b`` and ``p < 1``, else ``"deterministic"``."""
   b = _validation.check_positive_int(min_separation, "min_separation")
   p = _validation.check_sample_rate(sample_rate)
-  if isinstance(strategy, _strategies.BandMF) and strategy.bands <= b and p < 1.0:
+  if (isinstance(strategy, _strategies.Strategy) and strategy.bands is not None
+      and strategy.bands <= b and p < 1.0):
     return AMPLIFIED
   return DETERMINISTIC
 
@@ -72,7 +75,7 @@ def run_sensitivity(strategy, num_steps: int, min_separation: int) -> float:
 
 def _checked(strategy, num_steps, min_separation, sample_rate):
   _noise._check_strategy(strategy)  # pylint: disable=protected-access
-  n = _validation.check_positive_int(num_steps, "num_steps")
+  n = strategy.check_num_steps(num_steps)
   b = _validation.check_positive_int(min_separation, "min_separation")
   p = _validation.check_sample_rate(sample_rate)
   return n, b, p

@@ -17,12 +17,16 @@ the gradient sum plus correlated noise. For lower-triangular Toeplitz C
   ``bands - 1`` noise vectors (state ``(bands - 1) x d``);
 * :class:`~.strategies.BLT` (``c_0 = 1``, ``c_j = sum_i omega_i theta_i^(j-1)``):
   ``w_t = z_t - sum_i omega_i S_i`` then ``S_i <- theta_i S_i + w_t`` with
-  ``S_i = sum_{s<t} theta_i^(t-1-s) w_s`` (state ``buffers x d``).
+  ``S_i = sum_{s<t} theta_i^(t-1-s) w_s`` (state ``buffers x d``);
+* :class:`~.strategies.ColumnNormalizedBanded` (general banded, time-varying):
+  ``w_t = (z_t - sum_{j=1}^{bands-1} C[t, t-j] w_{t-j}) / C[t, t]``, the same
+  circular buffer as BandMF with the coefficients of row t read from the
+  strategy's table (state ``(bands - 1) x d``).
 
 Scale. One participation of an example moves ``C x`` by ``C[:, t] g`` with
 ``||g|| <= S`` (the clip norm), so its sensitivity is ``S * s_1`` with
-``s_1 = max_t ||C[:n, t]|| = ||(c_0, ..., c_{n-1})||`` (column 0 of a
-Toeplitz C is the longest). ``z`` gets std ``sigma * S * s_1``: ``sigma`` is
+``s_1 = max_t ||C[:n, t]||`` (``= ||(c_0, ..., c_{n-1})||`` for Toeplitz C,
+whose column 0 is the longest; 1 for a ColumnNormalizedBanded). ``z`` gets std ``sigma * S * s_1``: ``sigma`` is
 the noise multiplier of ONE participation, as in DP-SGD. Multiple
 participations and the sampling are accounted by
 :mod:`.accounting` (``sigma`` there is the same number). With one band and
@@ -31,9 +35,13 @@ transform draws exactly the noise of
 :func:`jaxdp.dpsgd.noisy_aggregate` (same key splits, same sampler):
 the update is bit-for-bit DP-SGD's.
 
-The transform covers ``num_steps`` updates (the n of the sensitivity); the
-caller must not apply more (:func:`~jaxdp.dpsgd.make_private`'s
-sampler refuses them). Noise vectors are drawn with
+The transform covers ``num_steps`` updates (the n of the sensitivity and the
+accounting) and refuses more: an update with ``count >= num_steps`` raises
+:class:`~jaxdp.errors.BudgetExceededError` at once when the count is concrete
+(eager use), and fails at run time under ``jax.jit`` (a
+``jax.debug.callback`` in the never-taken branch of a ``lax.cond``, so the
+normal step pays one scalar comparison; :func:`~jaxdp.dpsgd.make_private`'s
+sampler refuses such steps before they are taken anyway). Noise vectors are drawn with
 :func:`jaxdp.mechanisms.gaussian_noise` (full float32 tails) and the
 recursion runs in at least float32.
 """
@@ -49,6 +57,7 @@ import optax
 
 from jaxdp import _validation
 from jaxdp import mechanisms
+from jaxdp.errors import BudgetExceededError
 from jaxdp.dpsgd.correlated import strategies as _strategies
 from jaxdp.dpsgd import transforms as _transforms
 
@@ -69,16 +78,16 @@ class CorrelatedNoiseState(NamedTuple):
 
 
 def _check_strategy(strategy) -> None:
-  if not isinstance(strategy, (_strategies.BandMF, _strategies.BLT)):
-    raise TypeError(f"strategy must be a BandMF or BLT (jaxdp.dpsgd.correlated), got "
-                    f"{type(strategy).__name__}.")
+  if not isinstance(strategy, _strategies.Strategy):
+    raise TypeError(f"strategy must be a jaxdp.dpsgd.correlated Strategy (BandMF, BLT or "
+                    f"ColumnNormalizedBanded), got {type(strategy).__name__}.")
 
 
 def single_participation_sensitivity(strategy, num_steps: int) -> float:
-  """``s_1 = ||(c_0, ..., c_{n-1})||_2``: the largest column norm of the n x n Toeplitz C."""
+  """``s_1 = max_t ||C[:n, t]||_2`` (``||(c_0, ..., c_{n-1})||`` for a Toeplitz C)."""
   _check_strategy(strategy)
-  n = _validation.check_positive_int(num_steps, "num_steps")
-  return float(np.linalg.norm(strategy.coefficients(n)))
+  n = strategy.check_num_steps(num_steps)
+  return strategy.max_column_norm(n)
 
 
 def noise_stddev(strategy, num_steps: int, noise_multiplier: float,
@@ -110,23 +119,29 @@ def correlated_noise(
   copying it every step (``make_private`` does this).
 
   Args:
-    strategy: a :class:`~.strategies.BandMF` or :class:`~.strategies.BLT`.
-    num_steps: n, the number of updates the run applies (and the sensitivity covers).
+    strategy: a :class:`~.strategies.Strategy` (``BandMF``, ``BLT`` or
+      ``ColumnNormalizedBanded``).
+    num_steps: n, the number of updates the run applies (and the sensitivity
+      covers); more are refused (module docstring).
     noise_multiplier: sigma >= 0 of one participation.
     l2_sensitivity: the clipped sum's sensitivity S (the clip norm).
     expected_batch_size: the data-independent divisor ``q N``.
     key: ``jax.random`` key for the noise; never reuse it elsewhere.
   """
   _check_strategy(strategy)
-  n = _validation.check_positive_int(num_steps, "num_steps")
+  n = strategy.check_num_steps(num_steps)
   std = noise_stddev(strategy, n, noise_multiplier, l2_sensitivity)
   denom = _validation.check_positive(expected_batch_size, "expected_batch_size")
   _validation.check_key(key)
   size = strategy.state_size
   banded = isinstance(strategy, _strategies.BandMF)
+  general = isinstance(strategy, _strategies.ColumnNormalizedBanded)
+  c0 = 1.0
   if banded:
     c0 = float(strategy.coefs[0])
     lagged = np.asarray(strategy.coefs[1:], np.float64)  # c_1 .. c_{bands-1}
+  elif general:
+    table = strategy.band_table(n)  # table[t, r] = C[t + r, t]
   else:
     theta = np.asarray(strategy.theta, np.float64)
     omega = np.asarray(strategy.omega, np.float64)
@@ -148,6 +163,17 @@ def correlated_noise(
     ``t mod (bands - 1)`` (the vector of lag ``bands``, no longer needed);
     with the state donated to the jitted step the update is in place.
     """
+    if general:
+      diag = jnp.asarray(table[:, 0], z.dtype)[t]
+      if size == 0:
+        return z / diag, hist
+      slots = jnp.arange(size)
+      lag = jnp.mod(t - 1 - slots, size) + 1
+      # C[t, t - lag] = table[t - lag, lag]; a slot not yet written (t < lag) holds zeros.
+      coef = jnp.asarray(table, z.dtype)[jnp.maximum(t - lag, 0), lag]
+      w = (z - jnp.tensordot(coef, hist, axes=1)) / diag
+      start = (jnp.mod(t, size),) + (0,) * z.ndim
+      return w, jax.lax.dynamic_update_slice(hist, w[None], start)
     if size == 0:
       return (z if c0 == 1.0 else z / jnp.asarray(c0, z.dtype)), hist
     if banded:
@@ -162,8 +188,20 @@ def correlated_noise(
     w = z - jnp.tensordot(jnp.asarray(omega, z.dtype), hist, axes=1)
     return w, th * hist + w[None]
 
+  def refuse_extra(count):
+    count = np.asarray(count)
+    if np.any(count >= n):
+      raise BudgetExceededError(
+          f"correlated_noise: update {int(np.max(count)) + 1} exceeds num_steps={n}, the steps "
+          "this strategy's noise, sensitivity and accounting cover.")
+
   def update_fn(updates, state, params=None):
     del params
+    if isinstance(state.count, jax.core.Tracer):
+      jax.lax.cond(state.count >= n, lambda c: jax.debug.callback(refuse_extra, c),
+                   lambda c: None, state.count)
+    else:
+      refuse_extra(state.count)
     next_key, noise_key = jax.random.split(state.key)
     leaves, treedef = jax.tree.flatten(updates)
     hists = treedef.flatten_up_to(state.history)

@@ -24,6 +24,17 @@ outside ``[0, num_steps)`` (the n the sensitivity and the accounting were
 computed for). The expected batch size ``p N / b`` is a data-independent
 constant (the divisor of the noisy sum). With ``b = 1`` every example is in
 group 0 and the batches are exactly DP-SGD's Poisson batches for the same key.
+
+The same batches on the device: :func:`cyclic_groups` is the group rule as a
+traceable function. JAX's Threefry is partitionable
+(``jax_threefry_partitionable``, the default), so the word ``u_n`` of
+``jax.random.bits(group_key, (R,))`` depends on the key and on ``n`` alone,
+not on R, on the mesh, or on the device or process that evaluates it
+(:mod:`jaxdp.dpsgd.device_sampling`, whose inclusion bits rest on the same
+fact). The device-resident path of ``make_private`` therefore draws batch t as
+``inclusion_mask(step_key) & (cyclic_groups(group_key) == t mod b)``: row for
+row the batch :meth:`CyclicPoissonSampler.indices` draws on the host for the
+same keys, on any mesh and any number of processes.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from __future__ import annotations
 import math
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxdp import _validation
@@ -45,15 +57,29 @@ def max_participations(num_steps: int, min_separation: int) -> int:
   return int(math.ceil(n / b))
 
 
+def cyclic_groups(group_key: jax.Array, num_rows: int, min_separation: int) -> jax.Array:
+  """``(num_rows,)`` int32: the group ``u_n mod b`` of rows ``n = 0 .. num_rows - 1``.
+
+  ``u = jax.random.bits(group_key, (num_rows,), uint32)``. Traceable (for use
+  inside ``jax.jit``, also with the output sharded over a mesh); ``num_rows``
+  and ``min_separation`` are static. Row n's group depends on the key and n
+  only (partitionable Threefry; module docstring), so rows ``n < N`` get the
+  groups of :func:`group_assignment` for any ``num_rows >= N`` (e.g. the
+  ``N_pad`` rows of a sharded dataset, whose padding rows never join a batch).
+  """
+  b = int(min_separation)
+  if b == 1:
+    return jnp.zeros((num_rows,), jnp.int32)
+  bits = jax.random.bits(group_key, (num_rows,), jnp.uint32)
+  return (bits % jnp.uint32(b)).astype(jnp.int32)
+
+
 def group_assignment(key: jax.Array, num_examples: int, min_separation: int) -> np.ndarray:
   """The group ``u_n mod b`` of each of the N examples (host int32; module docstring)."""
   _validation.check_key(key)
   n = _validation.check_positive_int(num_examples, "num_examples")
   b = _validation.check_positive_int(min_separation, "min_separation")
-  if b == 1:
-    return np.zeros(n, np.int32)
-  bits = np.asarray(jax.random.bits(key, (n,), np.uint32))
-  return (bits % np.uint32(b)).astype(np.int32)
+  return np.asarray(cyclic_groups(key, n, b))
 
 
 class CyclicPoissonSampler:
@@ -65,7 +91,9 @@ class CyclicPoissonSampler:
       participations of one example).
     sample_rate: in-group Poisson rate p in (0, 1].
     num_steps: n; steps outside ``[0, n)`` are refused.
-    group_key: ``jax.random`` key of the group assignment (drawn once).
+    group_key: ``jax.random`` key of the group assignment (drawn once); kept
+      as the attribute ``group_key`` (the device-resident path draws the same
+      groups from it with :func:`cyclic_groups`).
     padded_size: chunk size P (default: the binomial bound of
       :func:`~jaxdp.dpsgd.padded_batch_size` at rate ``p / b``);
       larger batches are split into more chunks, never truncated.
@@ -87,6 +115,7 @@ class CyclicPoissonSampler:
           self.num_examples, self.sample_rate / self.min_separation, overflow_prob)
     self.padded_size = _validation.check_positive_int(padded_size, "padded_size")
     self._groups = group_assignment(group_key, self.num_examples, self.min_separation)
+    self.group_key = group_key
 
   @property
   def expected_batch_size(self) -> float:
@@ -125,4 +154,4 @@ class CyclicPoissonSampler:
     return self._groups[np.asarray(rows)]
 
 
-__all__ = ["CyclicPoissonSampler", "group_assignment", "max_participations"]
+__all__ = ["CyclicPoissonSampler", "cyclic_groups", "group_assignment", "max_participations"]

@@ -54,6 +54,14 @@ Which rule is used (:func:`sensitivity_case` names it):
   smaller of the two is returned. Calibrating noise to a bound is private, but
   may add more noise than needed.
 
+A :class:`~.strategies.ColumnNormalizedBanded` (banded, not Toeplitz) uses the
+same rules on its column norms and its banded ``X``: ``"single"`` (the largest
+column norm, 1), ``"orthogonal"`` when ``bands <= b`` (the dynamic program over
+its column norms; ``k`` for unit columns and ``n`` steps, so
+``sens = sqrt(k)``), else the dense rules (``"monotone"`` test, ``"bound"``) on
+``X`` for n up to 4096 and the ``"bound"`` from row blocks of the banded ``X``
+above.
+
 The ``"monotone"`` test and the orthogonality test use exact comparisons (no
 tolerance), so round-off can only move a strategy to a case that is valid for
 it (``"bound"`` is valid for every C). Everything is float64 numpy (a strategy
@@ -67,6 +75,7 @@ import math
 import numpy as np
 
 from jaxdp import _validation
+from jaxdp.dpsgd.correlated import strategies as _strategies
 from jaxdp.dpsgd.correlated.participation import max_participations  # ceil(n / b)
 
 _BLOCK_ROWS = 256
@@ -78,6 +87,60 @@ def _check_participation(num_steps, max_participations_, min_separation) -> tupl
   k = _validation.check_positive_int(max_participations_, "max_participations")
   b = _validation.check_positive_int(min_separation, "min_separation")
   return n, min(k, max_participations(n, b)), b
+
+
+def _max_separated_sum(col_norm2: np.ndarray, k: int, b: int) -> float:
+  """Largest sum of at most k entries of ``col_norm2``, pairwise >= b apart (dynamic program).
+
+  From the last column: ``best[i, m]`` = the best total of <= m picks among columns i..n-1.
+  """
+  n = col_norm2.shape[0]
+  best = np.zeros((n + b + 1, k + 1))
+  for i in range(n - 1, -1, -1):
+    take = col_norm2[i] + best[i + b, :-1]
+    best[i, 1:] = np.maximum(best[i + 1, 1:], take)
+  return float(best[0, k])
+
+
+def _banded_gram(table: np.ndarray) -> np.ndarray:
+  """``G[i, l] = X[i, i + l]`` (``X = C^T C``, lags ``l < bands``) of the banded C with ``table[t, r] = C[t + r, t]``.
+
+  ``X[i, i + l] = sum_r C[i + l + r, i] C[i + l + r, i + l] = sum_r table[i, r + l] table[i + l, r]``.
+  """
+  n, bands = table.shape
+  g = np.zeros((n, bands))
+  for lag in range(min(bands, n)):
+    g[:n - lag, lag] = np.sum(table[:n - lag, lag:] * table[lag:, :bands - lag], axis=1)
+  return g
+
+
+def _banded_gram_rows(g: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
+  """Rows ``rows`` of the symmetric banded X (all n columns) from :func:`_banded_gram`."""
+  bands = g.shape[1]
+  j = np.arange(n)[None, :]
+  i = rows[:, None]
+  lag = np.abs(i - j)
+  lo = np.minimum(i, j)
+  vals = g[np.clip(lo, 0, n - 1), np.clip(lag, 0, bands - 1)]
+  return np.where(lag < bands, vals, 0.0)
+
+
+def _column_normalized_banded_sensitivity_squared(strategy, n: int, k: int,
+                                                  b: int) -> tuple[float, str]:
+  table = strategy.band_table(n)
+  col_norm2 = np.sum(table * table, axis=1)
+  if k == 1:
+    return float(col_norm2.max()), "single"
+  nonzero = np.flatnonzero(np.any(table != 0, axis=0))
+  width = int(nonzero[-1]) + 1 if nonzero.size else 1
+  if width <= b:
+    return _max_separated_sum(col_norm2, k, b), "orthogonal"
+  if n <= _DENSE_GRAM_MAX_N:
+    return _dense_sensitivity_squared(strategy.matrix(n), k, b)
+  g = _banded_gram(table)
+  blocks = [np.arange(s, min(s + _BLOCK_ROWS, n)) for s in range(0, n, _BLOCK_ROWS)]
+  rows = ((rows, _banded_gram_rows(g, rows, n)) for rows in blocks)
+  return _bound_from_rows(rows, col_norm2, k, b), "bound"
 
 
 def _strategy_coefficients(strategy, n: int) -> np.ndarray:
@@ -188,13 +251,8 @@ def _dense_sensitivity_squared(c: np.ndarray, k: int, b: int) -> tuple[float, st
     return float(col_norm2.max()), "single"
   lag = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :])
   if np.all(x[lag >= b] == 0):
-    # Largest sum of at most k column norms, pairwise >= b apart (dynamic program
-    # over columns from the last: best[m] = best total of <= m picks among i..n-1).
-    best = np.zeros((n + b + 1, k + 1))
-    for i in range(n - 1, -1, -1):
-      take = col_norm2[i] + best[i + b, :-1]
-      best[i, 1:] = np.maximum(best[i + 1, 1:], take)
-    return float(best[0, k]), "orthogonal"
+    # Largest sum of at most k column norms, pairwise >= b apart.
+    return _max_separated_sum(col_norm2, k, b), "orthogonal"
   if _is_monotone_gram(x):
     q = _pattern_vector(n, k, b)
     return float(q @ x @ q), "monotone"
@@ -204,17 +262,23 @@ def _dense_sensitivity_squared(c: np.ndarray, k: int, b: int) -> tuple[float, st
 
 def _strategy_case(strategy, num_steps, max_participations_, min_separation):
   n, k, b = _check_participation(num_steps, max_participations_, min_separation)
+  if isinstance(strategy, _strategies.ColumnNormalizedBanded):
+    n = strategy.check_num_steps(n)
+    return _column_normalized_banded_sensitivity_squared(strategy, n, k, b)
+  if isinstance(strategy, _strategies.Strategy):
+    strategy.check_num_steps(n)
   c = _strategy_coefficients(strategy, n)
   return _toeplitz_sensitivity_squared(c, k, b)
 
 
 def sensitivity(strategy, num_steps, *, max_participations=1, min_separation=1) -> float:
-  """L2 sensitivity of a Toeplitz strategy (BandMF or BLT) for n steps (float64).
+  """L2 sensitivity of a strategy (BandMF, BLT or ColumnNormalizedBanded) for n steps (float64).
 
   Args:
-    strategy: a :class:`~jaxdp.dpsgd.correlated.strategies.BandMF` or
-      :class:`~jaxdp.dpsgd.correlated.strategies.BLT` (anything with
-      ``coefficients(n)`` giving the lower-triangular Toeplitz coefficients).
+    strategy: a :class:`~jaxdp.dpsgd.correlated.strategies.BandMF`,
+      :class:`~jaxdp.dpsgd.correlated.strategies.BLT` (or anything with
+      ``coefficients(n)`` giving the lower-triangular Toeplitz coefficients), or
+      a :class:`~jaxdp.dpsgd.correlated.strategies.ColumnNormalizedBanded`.
     num_steps: n.
     max_participations: k, the most steps one example takes part in (clamped
       to ``ceil(n / min_separation)``).
