@@ -1114,6 +1114,7 @@ class PrivateSGD:
     the centred unclipped count goes with the sum to the noise, as in the host
     ``update`` of :func:`make_private`.
     """
+    selection = self.batch_selection
     arrays = tuple(data) if isinstance(data, (tuple, list)) else (data,)
     names, label = self._data_names(arrays, "data needs", "data[{}]")
     leaves = jax.tree.leaves(arrays)
@@ -1123,6 +1124,10 @@ class PrivateSGD:
     else:
       if mesh is None:
         raise ValueError("global (multi-process) data arrays need the mesh they are sharded over.")
+      if isinstance(selection, user_sampling.UserPoissonSampler):
+        raise ValueError("batch_selection=UserPoissonSampler with data= lays the data out "
+                         "user-major on the host: pass the N-row host arrays (and a mesh), not "
+                         "global arrays.")
       local = tuple(jax.tree.map(_local_rows, a) for a in arrays)
       _inputs.check_examples(local, names, int(jax.tree.leaves(local[0])[0].shape[0]))
     if mesh is not None:
@@ -1137,9 +1142,22 @@ class PrivateSGD:
     padded = (self.padded_size if mesh is None else device_sampling.local_padded_size(
         self.num_examples, self.sample_rate / b, shards, self._physical_batch_size,
         self._overflow_prob))
-    placed = device_sampling.place_data(arrays, self.num_examples, mesh)
     adaptive = self.adaptive_clip_norm is not None
-    if adaptive:  # the clipped gradients of C_t, built in the step (as make_private's update)
+    checked = None  # what step()'s model check sees, when not the placed arrays
+    if selection is not None:
+      # Fixed-size subsets / Poisson users, sampled in jit by the sampler's own device path:
+      # the batches of its host sample() for the same key (make_private refuses adaptive
+      # clipping and noise_strategy with a batch_selection).
+      placed = selection.place_data(arrays, mesh)
+      clipped_sum = selection.device_clipped_sum_fn(self.clipped_grad_fn, mesh=mesh,
+                                                    overflow_prob=self._overflow_prob)
+      if isinstance(selection, user_sampling.UserPoissonSampler):
+        # The placed data is user-major (U, K, ...) plus the example mask; step() probes the
+        # loss on the example layout, so it gets the N-row shapes and update uses the placed.
+        checked = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), _inputs._dtype_of(a)),  # pylint: disable=protected-access
+                               arrays)
+    elif adaptive:  # the clipped gradients of C_t, built in the step (as make_private's update)
+      placed = device_sampling.place_data(arrays, self.num_examples, mesh)
       loss_fn, argnums = self.per_example_loss, self.batch_argnums
       micro = self.clipped_grad_fn.microbatch_size
       method = getattr(self.clipped_grad_fn, "method", None) or "auto"
@@ -1149,6 +1167,7 @@ class PrivateSGD:
           make_grad_fn=lambda c: adaptive_clipping.adaptive_clipped_grad(
               loss_fn, c, batch_argnums=argnums, microbatch_size=micro, method=method))
     else:
+      placed = device_sampling.place_data(arrays, self.num_examples, mesh)
       clipped_sum = device_sampling.clipped_sum_fn(
           self.clipped_grad_fn, num_examples=self.num_examples, sample_rate=self.sample_rate,
           padded_size=padded, mesh=mesh)
@@ -1174,8 +1193,10 @@ class PrivateSGD:
       if groups is not None:  # step t samples group t mod b (t: the state's step count)
         row_mask = groups == (opt_state[0].count % b).astype(groups.dtype)
       clip = adaptive_clipping.current_clip_norm(opt_state) if adaptive else None
-      gsum, (loss, num, clipped) = clipped_sum(params, step_key, arrays, row_mask=row_mask,
-                                               clip_norm=clip)
+      extra = {} if row_mask is None else {"row_mask": row_mask}
+      if adaptive:
+        extra["clip_norm"] = clip
+      gsum, (loss, num, clipped) = clipped_sum(params, step_key, arrays, **extra)
       if adaptive:
         gsum = (gsum, adaptive_clipping.centered_unclipped_count(num, clipped))
         loss = loss * clip
@@ -1185,11 +1206,13 @@ class PrivateSGD:
                        nonprivate_num_clipped=clipped))
 
     def update(params, opt_state, key_data, arrays):
-      return update_with(params, opt_state, key_data, arrays, groups)
+      # (user-level sampling: ``arrays`` are the shapes step() checked; the data is ``placed``)
+      return update_with(params, opt_state, key_data, placed if checked is not None else arrays,
+                         groups)
 
     replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     host_labels = None if label is None else local[label]
-    return _DevicePath(placed, update, replicated, host_labels)
+    return _DevicePath(placed if checked is None else checked, update, replicated, host_labels)
 
   def step_event(self) -> events.DpEvent:
     """The event of ONE step: :func:`~jaxdp.accounting.dpsgd_event` with one step.
@@ -1411,8 +1434,9 @@ def make_private(
       sigma_b so that together they cost the calibrated sigma (Theorem 1; for
       a correlated-noise run without amplification, the run-level version in
       :func:`~.adaptive_clipping.gradient_noise_multiplier`). The current
-      clip norm is :meth:`PrivateSGD.clip_norm` ``(state)``. Host sampling
-      only, flat clipping, no ``checkpoint_dir``.
+      clip norm is :meth:`PrivateSGD.clip_norm` ``(state)`` (public; carried
+      by checkpoints). Host or device data, with or without correlated noise;
+      flat clipping.
     num_examples: dataset size N (the batches are gathered from N rows).
     key: ``jax.random`` key, split like ``train_dpsgd``'s into
       ``(init, sampling, noise) = split(key, 3)``; the init part is not used
@@ -1460,11 +1484,15 @@ def make_private(
       before its first batch (:func:`~jaxdp.dpsgd.correlated.mf_event`:
       amplified BandMF when ``bands <= b`` and ``q < 1``, else the Gaussian of
       the strategy's (k, b)-participation sensitivity). ``BandMF.dp_sgd()``
-      with ``min_separation=1`` is DP-SGD bit for bit. Host sampling only
-      (no ``data=``), add/remove neighbours, no ``checkpoint_dir`` and no
-      ``allow_extra_steps`` (C covers exactly T steps). ``sampler(accountant,
-      start_step=s)`` with ``s > 0`` continues a run whose event was already
-      paid (in full, as the first ``sample()`` pays it) and pays nothing.
+      with ``min_separation=1`` is DP-SGD bit for bit. Host or device data
+      (the cyclic groups are drawn where the rows live), one or many
+      processes, ``checkpoint_dir`` (the noise history is in the state;
+      restoring an older checkpoint is refused, since the strategy's later
+      rows mix every earlier step's noise); add/remove neighbours, and no
+      ``allow_extra_steps`` (C has no row T + 1). ``sampler(accountant,
+      start_step=s)`` with ``s > 0`` continues a run whose event was paid (in
+      full, as the first ``sample()`` pays it); an accountant that does not
+      hold that event is charged it when the sampler opens.
     min_separation: b, the number of cyclic groups (two participations of one
       example are at least b steps apart); default ``bands`` for BandMF;
       required for BLT.

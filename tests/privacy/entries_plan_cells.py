@@ -326,14 +326,19 @@ def run_plan(noise: str, clip: str, selection: str, device: bool, key, data, acc
   state = private.init(w0)
   arrays = (data["x"], data["y"])
   sampler = private.sampler(accountant, data=arrays) if device else private.sampler(accountant)
+
+  def clip_now():  # a copy: a correlated-noise step donates (deletes) the state it consumed
+    if clip == "adaptive":
+      return jnp.array(ac.current_clip_norm(state.opt_state), jnp.float32, copy=True)
+    return jnp.float32(CLIP)
+
   updates, norms = [], []
   for _ in range(steps):
-    norms.append(ac.current_clip_norm(state.opt_state) if clip == "adaptive"
-                 else jnp.float32(CLIP))
+    norms.append(clip_now())
     batch = sampler.sample() if device else sampler.sample().gather(*arrays)
     w, state, _ = private.step(w0, state, batch)
     updates.append(w)
-  norms.append(ac.current_clip_norm(state.opt_state) if clip == "adaptive" else jnp.float32(CLIP))
+  norms.append(clip_now())
   return PlanRun(jnp.stack(updates), jnp.stack(norms), state,
                  jnp.float32(private.expected_batch_size))
 
