@@ -25,7 +25,12 @@ scores JAX Privacy's pinned n = 100,000, 2-buffer max-error BLT (its test
 ``test_optimize_single_participation_golden``) with our loss, beside our own
 optimum for that configuration.
 
-  python benchmarks/mf_strategies.py [--quick]
+The ``--banded`` run compares the general column-normalised banded strategy
+(:func:`optimize_column_normalized_banded`) with the Toeplitz BandMF optimum
+and JAX Privacy 2.0.0's ``banded.optimize(n, bands=...)`` (scored by the mean
+of ``banded.per_query_error``; one participation, error "mean").
+
+  python benchmarks/mf_strategies.py [--quick | --banded]
 """
 
 import argparse
@@ -63,6 +68,10 @@ JAX_PRIVACY_2_0_0 = {
 # test_optimize_single_participation_golden: n = 100,000, 2 buffers, error "max", k = 1.
 GOLDEN_N = 100_000
 GOLDEN_BLT = dict(theta=[0.9999528892, 0.9857068667], omega=[0.0122853238, 0.1878393665])
+
+# (n, bands) -> JAX Privacy 2.0.0 banded.optimize loss (mean error, k = 1), 100 L-BFGS steps.
+JAX_PRIVACY_BANDED = {(32, 4): 5.924122002425778, (64, 8): 6.867109187094037,
+                      (256, 16): 12.866340617038402, (500, 32): 14.126928671998241}
 
 QUICK = [("bandmf", 32, 1, 1, "mean"), ("blt", 2, 1, 1, "max"), ("sqrt", N, 1, 1, "mean")]
 
@@ -105,10 +114,32 @@ def _golden():
           "theta": ours.theta.tolist(), "omega": ours.omega.tolist()}
 
 
+def _banded_rows():
+  rows = []
+  for (n, bands), ref in JAX_PRIVACY_BANDED.items():
+    start = time.perf_counter()
+    cnb = optimize.optimize_column_normalized_banded(n, bands, error="mean")
+    seconds = time.perf_counter() - start
+    ours = optimize.expected_error(cnb, n, error="mean")
+    toeplitz = optimize.expected_error(optimize.optimize_bandmf(n, bands, error="mean"), n,
+                                       error="mean")
+    rows.append({"n": n, "bands": bands, "column_normalized": ours, "toeplitz": toeplitz,
+                 "jax_privacy": ref, "ratio_to_jax_privacy": ours / ref,
+                 "ratio_to_toeplitz": ours / toeplitz, "time_s": seconds})
+    print(f"n={n:5d} bands={bands:3d} column-normalised {ours:.9f} toeplitz {toeplitz:.9f} "
+          f"JAX Privacy {ref:.9f} ratio {ours / ref:.7f} ({seconds:.1f} s)", flush=True)
+  return rows
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
   parser.add_argument("--quick", action="store_true", help="three configurations, no n = 100,000")
+  parser.add_argument("--banded", action="store_true",
+                      help="only the column-normalised banded strategy against JAX Privacy")
   args = parser.parse_args()
+  if args.banded:
+    print(json.dumps({"banded": _banded_rows()}))
+    return
   configs = QUICK if args.quick else list(JAX_PRIVACY_2_0_0)
   rows = [_row(c) for c in configs]
   print(f"n = {N}; loss = sens^2 * error (prefix-sum workload); reference: jax-privacy 2.0.0")

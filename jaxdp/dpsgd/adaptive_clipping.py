@@ -492,7 +492,7 @@ def _resolve_inner(inner: Any, *, noise_multiplier: float | None, sigma_b: float
       raise TypeError("the inner noise transform does not state its noise multiplier, so it "
                       "cannot be checked against the gradient's sigma_Delta: pass a factory "
                       "(lambda s: correlated_noise(strategy, n, s, 1.0, qN, key)) instead.")
-    if float(meta_sigma) < sigma_delta * (1.0 - 1e-12):
+    if float(meta_sigma) < sigma_delta * (1.0 - 4 * _NOISE_MARGIN):  # sigma_delta is rounded up
       raise ValueError(
           f"the inner noise transform adds noise_multiplier={float(meta_sigma):.6g}, but with "
           f"the counts' share the gradient needs sigma_Delta={sigma_delta:.6g} for a total "

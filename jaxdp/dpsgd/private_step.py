@@ -1252,7 +1252,8 @@ class PrivateSGD:
       return event if self.steps == 1 else events.SelfComposedDpEvent(event, self.steps)
     return _mf_accounting().mf_event(self.noise_strategy, noise_multiplier=self.noise_multiplier,
                                   num_steps=self.steps, min_separation=self.min_separation,
-                                  sample_rate=self.sample_rate, unit=self.unit)
+                                  sample_rate=self.sample_rate, unit=self.unit,
+                                  neighbouring=self.neighbouring)
 
   def guarantee(self, steps: int, delta: float | None = None) -> Any:
     """:meth:`epsilon` as a ``PrivacyGuarantee`` (``neighbouring``, ``unit``, ``accountant_method``).
@@ -1284,7 +1285,7 @@ class PrivateSGD:
       return _mf_accounting().mf_epsilon(
           self.noise_strategy, noise_multiplier=self.noise_multiplier, num_steps=self.steps,
           min_separation=self.min_separation, sample_rate=self.sample_rate, delta=delta,
-          accountant=self.accountant_method)
+          accountant=self.accountant_method, neighbouring=self.neighbouring)
     if isinstance(self.batch_selection, fixed_size_sampling.FixedSizeSampler):
       return self.batch_selection.epsilon(self.noise_multiplier, steps, delta,
                                           self.accountant_method)
@@ -1573,11 +1574,6 @@ def make_private(
           "matrix and the run's sensitivity and event cover exactly its T steps; a step T + 1 "
           "has no row in C, so its noise would not be part of the mechanism that was paid. "
           "Plan more steps (steps=/epochs=) instead.")
-    if relation != events.ADD_REMOVE:
-      raise ValueError(
-          f"neighbouring={relation!r} is not available with noise_strategy yet: the amplified "
-          "BandMF analysis (Choquette-Choo et al. 2023, Thm 4) is proven for add/remove "
-          "neighbours under cyclic Poisson sampling.")
     if min_separation is None:
       if noise_strategy.bands is None:
         raise ValueError("min_separation is required with a BLT noise_strategy (the number of "
@@ -1594,6 +1590,7 @@ def make_private(
       q = _validation.check_sample_rate(eb * b / n)
     t_planned = (correlated.accounting.steps_for_epochs(epochs, q, b) if steps is None
                  else t_planned)
+    noise_strategy.check_num_steps(t_planned)  # a strategy built for fewer steps is refused
   elif min_separation is not None:
     raise ValueError("min_separation needs noise_strategy (DP-SGD samples every example at "
                      "every step).")
@@ -1648,7 +1645,7 @@ def make_private(
       raise ValueError("delta is required with target_epsilon.")
     sigma = correlated.calibrate_mf_noise_multiplier(
         target_epsilon, delta, noise_strategy, num_steps=t_planned, min_separation=b,
-        sample_rate=q, accountant=accountant_method)
+        sample_rate=q, accountant=accountant_method, neighbouring=relation)
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   grad_sigma, count_sigma = sigma, None

@@ -4,9 +4,9 @@ Algorithm (survey ``004_dp_machine_learning_survey.md`` Section 4.2 Algorithm 1;
 paper ``000_tradeoffs_of_private_prediction.md`` Section 3.1 Equation 4), for
 T = ceil(epochs / q) steps:
 
-1. Poisson-sample a batch B_t (each example w.p. q) -- :mod:`.sampling`,
-   inside the jitted step from device-resident data (:mod:`.device_sampling`:
-   the same batch as the host sampler for the same key);
+1. Poisson-sample a batch B_t (each example w.p. q) -- :mod:`.sampling` on the
+   host, or inside the jitted step from device-resident data
+   (:mod:`.device_sampling`: the same batch for the same key);
 2. sum the per-example gradients clipped to ``l2_clip_norm`` -- :mod:`.clipping`
    (in static-size chunks: a large logical batch is accumulated chunk by chunk,
    which is both gradient accumulation and the honest overflow handling);
@@ -206,9 +206,10 @@ def _throwaway_accountant():
 
 
 def _check_arguments(x: Any, y: Any, *, loss: Any, accountant: Any, neighbouring: str,
-                     accountant_method: str, on_overflow: str,
-                     max_overflow_delta_fraction: float) -> tuple[jax.Array, jax.Array, float]:
-  """Checks train_dpsgd's own arguments and the whole dataset, before any work: ``(x, y, frac)``."""
+                     accountant_method: str, on_overflow: str, max_overflow_delta_fraction: float,
+                     sample_on_device: bool | None, mesh: Any,
+                     physical_batch_size: int | None) -> tuple[Any, Any, float, bool]:
+  """Checks train_dpsgd's own arguments and the dataset before any work: ``(x, y, frac, on_device)``."""
   dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
                                                  "accountant_method")
   if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
@@ -222,6 +223,14 @@ def _check_arguments(x: Any, y: Any, *, loss: Any, accountant: Any, neighbouring
   frac = _validation._as_float(max_overflow_delta_fraction, "max_overflow_delta_fraction")
   if not 0.0 < frac <= 1.0:
     raise ValueError(f"max_overflow_delta_fraction must be in (0, 1], got {frac}.")
+  if sample_on_device is None:  # data already on the device stay there; one program for all K
+    sample_on_device = (isinstance(x, jax.Array) or mesh is not None
+                        or physical_batch_size is not None)
+  if not isinstance(sample_on_device, bool):
+    raise TypeError(f"sample_on_device must be True, False or None, got {sample_on_device!r}.")
+  if mesh is not None and not sample_on_device:
+    raise ValueError("mesh needs sample_on_device=True (or None): the data are sharded over the "
+                     "mesh and sampled inside the step.")
   if not hasattr(x, "dtype"):
     x = np.asarray(x)
   if not hasattr(y, "dtype"):
@@ -236,10 +245,10 @@ def _check_arguments(x: Any, y: Any, *, loss: Any, accountant: Any, neighbouring
     _inputs.check_label_dtype(y, "y")
     _inputs.check_label_shape(y, "y")
   _inputs.check_examples((x, y), ("x", "y"), n)
-  return jnp.asarray(x), jnp.asarray(y), frac
+  return x, y, frac, sample_on_device
 
 
-def _build_model(model: Any, params: PyTree | None, key: jax.Array, x: jax.Array, y: jax.Array,
+def _build_model(model: Any, params: PyTree | None, key: jax.Array, x: Any, y: Any,
                  loss: Any) -> tuple[Callable[..., jax.Array], PyTree, Callable[[PyTree], None]]:
   """``(per_example_loss, params, write_back)``, the model probed on one example, labels checked."""
   _inputs.refuse_batchnorm_nnx(model)
@@ -296,8 +305,9 @@ def _abort_rule(private: private_step.PrivateSGD, on_overflow: str,
 
 
 def _open_run(private: private_step.PrivateSGD, params: PyTree, data: tuple, accountant: Any,
-              mesh: Any) -> tuple[PyTree, private_step.PrivateState, private_step.PaidSampler]:
-  """Restores (``checkpoint_dir``), opens the device-resident sampler and prepays the plan.
+              mesh: Any, on_device: bool
+              ) -> tuple[PyTree, private_step.PrivateState, private_step.PaidSampler]:
+  """Restores (``checkpoint_dir``), opens the sampler (on the device or host) and prepays the plan.
 
   ``restore(params, data=)`` binds a replay of lost paid steps to this data and
   these starting parameters (the resume rules of :meth:`.PrivateSGD.restore`);
@@ -309,7 +319,8 @@ def _open_run(private: private_step.PrivateSGD, params: PyTree, data: tuple, acc
     params, state = private.restore(params, data=data)
   else:
     state = private.init(params)
-  sampler = private.sampler(accountant, data=data, mesh=mesh)
+  sampler = (private.sampler(accountant, data=data, mesh=mesh) if on_device
+             else private.sampler(accountant))
   unpaid = private.steps - sampler.steps_paid
   if unpaid > 0:
     sampler.pay(unpaid)
@@ -336,23 +347,30 @@ class _History:
       self._count += float(count)
     self._stats = []
 
-  def record(self, step: int, params: PyTree) -> None:
+  def record(self, step: int, params: PyTree) -> float:
+    """Appends the record of ``step`` (evaluating ``eval_fn``); returns its epsilon."""
     self._fold()
     p = self.private
-    rec = {"step": step, "epoch": step * p.sample_rate / p.min_separation,
-           "epsilon": p.epsilon(step), "accountant_method": p.accountant_method,
+    eps = p.epsilon(step)
+    rec = {"step": step, "epoch": step * p.sample_rate / p.min_separation, "epsilon": eps,
+           "accountant_method": p.accountant_method,
            "nonprivate_train_loss": self._loss / max(self._count, 1)}
     self._loss, self._count = 0.0, 0.0
     if self.eval_fn is not None:
       rec.update(self.eval_fn(params))
     self.records.append(rec)
+    return eps
 
 
 def _run_steps(private: private_step.PrivateSGD, sampler: private_step.PaidSampler,
                params: PyTree, state: private_step.PrivateState, history: _History, *,
-               eval_every: int | None, progress: bool, checker: Any,
+               data: tuple | None, eval_every: int | None, progress: bool, checker: Any,
                step_keys: Any) -> tuple[PyTree, int]:
-  """Runs the paid steps from the sampler's position to T: ``(params, steps_run)``."""
+  """Runs the paid steps from the sampler's position to T: ``(params, steps_run)``.
+
+  ``data``: the host arrays to gather each batch from (host path), or None
+  (the sampler holds the data: device path).
+  """
   first, steps = sampler.steps_sampled, private.steps
   iterator = range(first, steps)
   if progress:
@@ -363,7 +381,8 @@ def _run_steps(private: private_step.PrivateSGD, sampler: private_step.PaidSampl
     for t in iterator:
       if checker is not None:  # on_overflow="raise": abort before the batch is used
         checker.sample(step_keys[t])
-      params, state, info = private.step(params, state, sampler.sample())
+      batch = sampler.sample() if data is None else sampler.sample().gather(*data)
+      params, state, info = private.step(params, state, batch)
       history.add(info)
       done = t + 1
       if eval_every and history.eval_fn is not None and done % eval_every == 0 and done < steps:
@@ -408,11 +427,15 @@ def train_dpsgd(
     checkpoint_every: int | None = None,
     noise_strategy: Any = None,
     min_separation: int | None = None,
+    sample_on_device: bool | None = None,
 ) -> DPSGDResult:
   """Trains ``model`` with DP-SGD on ``(x, y)`` and reports the epsilon spent.
 
-  A builder over :func:`.make_private`: the same key gives the same run as a
-  ``make_private`` loop over ``sampler(accountant, data=(x, y), mesh=mesh)``.
+  A builder over :func:`.make_private`: the same key gives the same run (to
+  float rounding) as a ``make_private`` loop that prepays the plan
+  (``sampler.pay(private.steps)``) and steps through its sampler, on the host
+  (``sampler(accountant)``, ``sample().gather(x, y)``) or the device
+  (``sampler(accountant, data=(x, y), mesh=mesh)``).
 
   Privacy: (epsilon, delta)-DP with respect to adding or removing one example
   of ``(x, y)`` (or, with ``neighbouring="replace_one"``, replacing one: PLD of
@@ -448,7 +471,6 @@ def train_dpsgd(
     x, y: training inputs (N, ...) (real and finite) and labels (N,): integers
       in ``[0, num_classes)`` for the default loss. Checked before anything is
       computed or spent (``ValueError``/``TypeError`` naming the argument).
-      Placed on the device(s) once; batches are sampled inside the jitted step.
     key: ``jax.random`` key, split as :mod:`.keys` (init / sampling / noise).
     epochs: expected passes over the data: T = ceil(epochs / q) (with
       ``noise_strategy``, ``min_separation`` steps per pass).
@@ -482,12 +504,24 @@ def train_dpsgd(
       them (a durable ``PrivacyBudget(path=...)`` does). ``history`` and
       ``seconds`` cover the steps this call ran. A directory of another plan is
       refused.
+    sample_on_device: where the Poisson batches are drawn (the same batches either
+      way, and the same parameters to float rounding): ``True``: the data are
+      placed on the device(s) once and each step samples, gathers and updates in
+      ONE jit-compiled call (``sampler(data=, mesh=)``: one program for every
+      chunk count, about a third of the host work per step, but a program that
+      takes about twice as long to compile); ``False``: each batch is drawn on
+      the host and gathered (``sampler().sample().gather``: one program per
+      chunk count K). ``None`` (default): on the device when ``x`` already is
+      a ``jax.Array``, with ``mesh``, or with ``physical_batch_size`` (chunk
+      counts vary), else on the host. For long runs, ``True`` is faster.
   """
   _validation.check_key(key)
   # Every input is checked here, before any calibration, gradient or spend.
-  x, y, frac = _check_arguments(x, y, loss=loss, accountant=accountant, neighbouring=neighbouring,
-                                accountant_method=accountant_method, on_overflow=on_overflow,
-                                max_overflow_delta_fraction=max_overflow_delta_fraction)
+  x, y, frac, on_device = _check_arguments(
+      x, y, loss=loss, accountant=accountant, neighbouring=neighbouring,
+      accountant_method=accountant_method, on_overflow=on_overflow,
+      max_overflow_delta_fraction=max_overflow_delta_fraction, sample_on_device=sample_on_device,
+      mesh=mesh, physical_batch_size=physical_batch_size)
   per_example, params, write_back = _build_model(model, params, key, x, y, loss)
   if isinstance(accountant, str):
     accountant = _default_accountant()
@@ -504,17 +538,19 @@ def train_dpsgd(
       noise_strategy=noise_strategy, min_separation=min_separation)
   overflow_delta, checker = _abort_rule(private, on_overflow, frac)
   ledger = accountant if accountant is not None else _throwaway_accountant()
-  params, state, sampler = _open_run(private, params, (x, y), ledger, mesh)
+  data = (x, y) if on_device else (np.asarray(x), np.asarray(y))  # host path: gather on host
+  params, state, sampler = _open_run(private, params, data, ledger, mesh, on_device)
   step_keys = None if checker is None else keys_lib.derive(key).step_keys(private.steps)
   history = _History(private, eval_fn)
   t0 = time.perf_counter()
-  params, steps_run = _run_steps(private, sampler, params, state, history, eval_every=eval_every,
+  params, steps_run = _run_steps(private, sampler, params, state, history,
+                                 data=None if on_device else data, eval_every=eval_every,
                                  progress=progress, checker=checker, step_keys=step_keys)
   seconds = time.perf_counter() - t0
-  history.record(steps_run, params)
+  eps = history.record(steps_run, params)
   write_back(params)
   return DPSGDResult(params=params, noise_multiplier=private.noise_multiplier,
-                     epsilon=private.epsilon(steps_run), delta=private.delta + overflow_delta,
+                     epsilon=eps, delta=private.delta + overflow_delta,
                      steps=steps_run, sample_rate=private.sample_rate,
                      expected_batch_size=private.expected_batch_size,
                      sensitivity=private.sensitivity, padded_size=private.padded_size,

@@ -2,7 +2,8 @@
 
 Each run: a small linen MLP on 64 synthetic examples, 4 steps. ``_loop`` is
 the hand-written make_private loop (device-resident sampler, the planned run
-prepaid) that train_dpsgd must equal for the same key.
+prepaid) that train_dpsgd must equal for the same key, whichever path it
+samples on (host by default; ``sample_on_device=True``).
 """
 
 import math
@@ -127,7 +128,7 @@ def test_adaptive_clip_norm_trains_like_the_make_private_loop():
   acc = PrivacyAccountant()
   kw = dict(epochs=1.0, sample_rate=0.25, l2_clip_norm=clip)
   res = dpsgd.train_dpsgd(MODEL, X, Y, key=key, params=PARAMS, accountant=acc,
-                          **{**COMMON, **kw})
+                          sample_on_device=True, **{**COMMON, **kw})
   ref, ledger, private = _loop(key, **kw)
   assert private.adaptive_clip_norm is clip and res.sensitivity == 1.0  # in units of C_t
   assert acc.ledger == ledger == ((private.step_event(), 4),)
@@ -142,6 +143,9 @@ def test_refusals_come_before_any_spend():
   with pytest.raises(ValueError, match="on_overflow='raise' is not available with noise_strategy"):
     dpsgd.train_dpsgd(MODEL, X, Y, sample_rate=0.5, on_overflow="raise",
                       noise_strategy=correlated.BandMF.dp_sgd(), min_separation=1, **base)
+  with pytest.raises(ValueError, match="mesh needs sample_on_device"):
+    dpsgd.train_dpsgd(MODEL, X, Y, sample_rate=0.5, mesh=dpsgd.make_data_mesh(1),
+                      sample_on_device=False, **base)
   with pytest.raises(ValueError, match="on_overflow must be"):
     dpsgd.train_dpsgd(MODEL, X, Y, sample_rate=0.5, on_overflow="truncate", **base)
   # make_private's own refusals reach the caller unchanged, also before any spend.

@@ -46,7 +46,7 @@ Entries:
   at ``sigma_b = 2`` (count noise given explicitly); replay, noise scale and
   the audit (projection on the worst-case example's whitened direction).
 * ``jaxdp.dpsgd.adaptive_clip_noise[part=count]``: the transform
-  around ``noisy_aggregate`` (built here with the sigma_Delta of the theorem)
+  around ``noisy_aggregate`` (built by the wrapper from sigma: the factory form)
   at the default count noise ``sigma_b = q N / 20 = 0.8``, seen through the
   noisy count alone: in the joint vector the count is 1 coordinate of 13, so
   20% less count noise moves the pooled noise scale by 1.4% only; here its
@@ -54,16 +54,14 @@ Entries:
   alone is the Gaussian mechanism with ``mu = 1 / (2 sigma_b)``, the claim its
   audit is held to). The gradient half of the same transform is the joint
   entry's (``adaptive_noisy_aggregate`` calls ``adaptive_clip_noise``).
-* ``jaxdp.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]``:
-  one step of a ``make_private`` plan (q = 1, ``noise_multiplier=sigma``,
-  ``sigma_b = 2`` in the config): the plan splits sigma into sigma_Delta and
-  sigma_b itself, so the same whitened pair (sigma_Delta of the theorem
-  above), formed from the returned params and the state's next clip norm, is
-  held to noise scale 1, sensitivity 1/sigma and the Gaussian epsilon at
-  ``mu = 1 / sigma``; its sampler pays ``PoissonSampled(1, Gaussian(sigma))``,
-  one DP-SGD step (charge check). Worst-case pair only, inputs of width
-  ``dp.D_WIDE``; not audited (each call builds and compiles its own plan; the
-  joint entry audits the same noise path).
+* ``jaxdp.dpsgd.adaptive_clipping.per_layer_adaptive_clip_noise``: per-layer
+  adaptive clipping (one clip norm and one noisy count per group, G = 2 groups:
+  a bias and a weight), the joint whitened pair of the G counts and the
+  per-layer normalised sum (Thm 1 with G counts); replay, noise, audit.
+
+``PrivateSGD.step`` with an adaptive clip norm (make_private(l2_clip_norm=
+AdaptiveClipNorm(...))) is registered per noise of the plan in
+``entries_plan_cells.py`` (``[noise=<n>, clip=adaptive]``).
 
 The transforms spend nothing (the caller's accountant pays each step as one
 DP-SGD step of multiplier sigma): their charge checks are skipped. The helpers
@@ -74,7 +72,6 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +111,6 @@ def whitened_sensitivity(sigma_d: float, sigma_b: float) -> float:
 SIGMA_DELTA = sigma_delta(SIGMA, SIGMA_B)
 SENSITIVITY = whitened_sensitivity(SIGMA_DELTA, SIGMA_B)  # = 1 / sigma
 EPSILON = dp.gaussian_epsilon(SENSITIVITY, DELTA)
-SIGMA_DELTA_DEFAULT = sigma_delta(SIGMA, SIGMA_B_DEFAULT)
 EPSILON_COUNT = dp.gaussian_epsilon(0.5 / SIGMA_B_DEFAULT, DELTA)
 
 
@@ -239,8 +235,10 @@ def _count_release(key, data):
   # The inner key is split off the release key as a user would; with key=None the inner
   # gets a fixed key so that the refusal checked is adaptive_clip_noise's own.
   k_b, k_g = (None, jax.random.key(0)) if key is None else jax.random.split(key)
-  inner = dpsgd.noisy_aggregate(SIGMA_DELTA_DEFAULT, 1.0, QN, k_g)
-  tx = dpsgd.adaptive_clip_noise(inner, _config(None), expected_batch_size=QN, key=k_b)
+  # The recommended factory form: the wrapper builds the gradient noise with its sigma_Delta
+  # (a built inner without noise_multiplier= is deprecated). Only the count is checked here.
+  tx = dpsgd.adaptive_clip_noise(lambda s: dpsgd.noisy_aggregate(s, 1.0, QN, k_g), _config(None),
+                                 expected_batch_size=QN, key=k_b, noise_multiplier=SIGMA)
   return _one_update(tx, data)
 
 
@@ -350,82 +348,122 @@ reg.register(reg.ReleasePoint(
                     "whose clipped-sum part keeps the float32-safe clip margin"}))
 
 
-# -- PrivateSGD.step of a make_private(l2_clip_norm=AdaptiveClipNorm) plan -------------------
-# One step of the plan at q = 1 (the sample is every row: data-independent), total noise
-# multiplier sigma, count noise sigma_b given explicitly in the config; make_private splits
-# sigma into sigma_Delta and sigma_b itself (Andrew et al. 2021 Thm 1). N is public by the
-# documented convention, so q N = N differs between D and D' (16, 17) and the release returns
-# it (the plan's expected_batch_size) for the count's inversion. With optax.scale(q N) the
-# returned params are ``C_0 (sum gbar + z)``: the noisy normalised sum times C_0. Inputs of
-# width dp.D_WIDE (192 gradient coordinates per call: the noise check needs few calls); at
-# that width every base row has gradient norm sqrt(2/3) > C_0 (all clipped: reference count
-# -8), and the worst-case pair moves the sum by 1 and the count by -1/2, as above.
+# -- per_layer_adaptive_clip_noise: one clip norm and one noisy count per clip group ----------
+# Per-layer adaptive clipping (Andrew et al. 2021 Alg. 1 per group; McMahan et al. 2018 Sec. 3)
+# on a softmax linear model WITH a bias at 0: groups b (K,) and w (D, K), initial clip norms
+# C_b = 1/2 and C_w = C_0. Per-example gradients at 0: ``g^w = x r^T`` and ``g^b = r`` with
+# ``r = softmax(0) - e_y`` (``||r|| = sqrt(2/3) > C_b``: every bias gradient is clipped). Each
+# group is clipped to C_l and the whole vector divided by ``U = sqrt(C_b^2 + C_w^2)`` (the
+# normalised sum has sensitivity 1: an example clipped in both groups moves it by exactly 1);
+# the G = 2 centered counts move by 1/2 each. Whitening (Thm 1 with G counts): the pair is the
+# Gaussian mechanism of sensitivity ``(sigma_Delta^-2 + G (2 sigma_b)^-2)^1/2``, which is 1/sigma
+# with ``sigma_Delta = (sigma^-2 - G (2 sigma_b)^-2)^-1/2`` (computed here, not by the library).
+
+C_B = 0.5
+GROUPS = 2
+UNIT_LAYER = math.sqrt(C_B ** 2 + C0 ** 2)  # U = sqrt(sum_l C_l^2), float64
+SIGMA_DELTA_LAYER = (SIGMA ** -2 - GROUPS * (2.0 * SIGMA_B) ** -2) ** -0.5
+SENSITIVITY_LAYER = math.sqrt(SIGMA_DELTA_LAYER ** -2 + GROUPS * 0.25 / SIGMA_B ** 2)  # 1/sigma
+EPSILON_LAYER = dp.gaussian_epsilon(SENSITIVITY_LAYER, DELTA)
 
 
-class PlanStep(NamedTuple):
-  """The step's ``(params, state, info)`` and the plan's public ``q N``."""
-  params: Any
-  state: Any
-  info: Any
-  expected_batch_size: Any
+def _layer_loss(p, x, y):
+  return optax.softmax_cross_entropy_with_integer_labels(x @ p["w"] + p["b"], y)
 
 
-def _make_private_step(key, data, accountant) -> PlanStep:
-  from jaxdp import dpsgd
-  n = len(data["y"])
-  loss = dp._per_example_loss  # pylint: disable=protected-access
-  private = dpsgd.make_private(
-      loss, l2_clip_norm=_config(SIGMA_B), num_examples=n, key=key, sample_rate=1.0,
-      noise_multiplier=SIGMA, delta=DELTA, steps=1, optimizer=optax.scale(float(n)),
-      clipping_method="vmap")
-  w0 = jnp.zeros((data["x"].shape[1], dp.K), jnp.float32)
-  batch = private.sampler(accountant).sample().gather(data["x"], data["y"])
-  params, state, info = private.step(w0, private.init(w0), batch)
-  return PlanStep(params, state, info, jnp.float32(private.expected_batch_size))
+def _layer_params(d: int) -> dict:
+  return {"b": jnp.zeros((dp.K,), jnp.float32), "w": jnp.zeros((d, dp.K), jnp.float32)}
 
 
-def _make_private_release(key, data) -> PlanStep:
-  from jaxdp.accounting import PrivacyAccountant
-  return _make_private_step(key, data, PrivacyAccountant())
-
-
-def plan_vector(out: PlanStep) -> np.ndarray:
-  """The whitened pair ``(C_0^-1 params / sigma_Delta, noisy count / sigma_b)`` (float64)."""
+@functools.lru_cache(maxsize=None)
+def _layer_clipped_fn():
+  """Jitted per-layer normalised clipped sum and the per-group clipped counts (clips traced)."""
   from jaxdp.dpsgd import adaptive_clipping as ac
-  noisy_sum = np.asarray(out.params, np.float64).reshape(-1) / C0
-  count = count_from_clip_norm(ac.current_clip_norm(out.state.opt_state),
-                               float(out.expected_batch_size))
-  return np.concatenate([noisy_sum / SIGMA_DELTA, [count / SIGMA_B]])
+
+  def fn(params, x, y, mask, clips):
+    grad_fn = ac.adaptive_clipped_grad(_layer_loss, clips, batch_argnums=(1, 2), method="vmap",
+                                       per_layer=True)
+    g, info = grad_fn(params, x, y, mask=mask)
+    return g, info.num_examples, info.num_clipped_per_group
+  return jax.jit(fn)
+
+
+def _layer_release(key, data):
+  from jaxdp import dpsgd
+  from jaxdp.dpsgd import adaptive_clipping as ac
+  k_b, k_g = (None, jax.random.key(0)) if key is None else jax.random.split(key)
+  tx = ac.per_layer_adaptive_clip_noise(
+      lambda s: dpsgd.noisy_aggregate(s, 1.0, QN, k_g), _config(SIGMA_B), noise_multiplier=SIGMA,
+      expected_batch_size=QN, key=k_b, groups={"b": C_B, "w": C0})
+  params = _layer_params(data["x"].shape[1])
+  state = tx.init(params)
+  x, y, mask = _padded(data)
+  g, n, c = _layer_clipped_fn()(params, x, y, mask, ac.current_clip_norm(state))
+  updates, new_state = tx.update((g, ac.centered_unclipped_count(n, c)), state, params)
+  return updates, _key_bits(new_state)
+
+
+def _group_count(c1, c_initial: float) -> float:
+  """A group's noisy centered count from its next clip norm (float64 inversion)."""
+  btilde = GAMMA - math.log(float(np.asarray(c1, np.float64)) / c_initial) / ETA
+  return QN * btilde - QN / 2.0
+
+
+def layer_vector(out) -> np.ndarray:
+  """Whitened ``(update * q N / U / sigma_Delta [b, then w], counts / sigma_b [b, w])``."""
+  updates, state = out
+  noisy = np.concatenate([np.asarray(updates["b"], np.float64).reshape(-1),
+                          np.asarray(updates["w"], np.float64).reshape(-1)]) * (QN / UNIT_LAYER)
+  counts = [_group_count(state.clip_norm["b"], C_B), _group_count(state.clip_norm["w"], C0)]
+  return np.concatenate([noisy / SIGMA_DELTA_LAYER, np.asarray(counts) / SIGMA_B])
+
+
+def layer_reference(data: dict) -> np.ndarray:
+  """Exact float64 whitened ``(sum_n (clip_{C_b}(g^b_n), clip_{C_w}(g^w_n)) / U, counts)``."""
+  x = np.asarray(data["x"], np.float64)
+  y = np.asarray(data["y"])
+  r = np.full((len(y), dp.K), 1.0 / dp.K)
+  r[np.arange(len(y)), y] -= 1.0
+  parts, counts = [], []
+  for g, c in ((r, C_B), (np.einsum("nd,nk->ndk", x, r).reshape(len(y), -1), C0)):
+    norms = np.linalg.norm(g, axis=1)
+    parts.append((g * np.minimum(1.0, c / np.where(norms > 0, norms, 1.0))[:, None]).sum(0))
+    counts.append(np.sum((norms <= c).astype(np.float64) - 0.5))
+  return np.concatenate([np.concatenate(parts) / UNIT_LAYER / SIGMA_DELTA_LAYER,
+                         np.asarray(counts) / SIGMA_B])
+
+
+def _layer_direction() -> np.ndarray:
+  data, neighbour = pairs()[0]
+  shift = layer_reference(neighbour) - layer_reference(data)
+  return shift / np.linalg.norm(shift)
+
+
+_LAYER_DIRECTION = _layer_direction()
 
 
 reg.register(reg.ReleasePoint(
-    name="jaxdp.dpsgd.PrivateSGD.step[l2_clip_norm=AdaptiveClipNorm]",
+    name="jaxdp.dpsgd.adaptive_clipping.per_layer_adaptive_clip_noise",
     family=FAMILY, neighbouring="add_remove", unit="example",
-    guarantee=("(eps, delta)-DP for add/remove of one example: one step of the plan (q = 1) "
-               "releases the normalised clipped sum (sensitivity 1, std sigma_Delta) and the "
-               "centered unclipped count (sensitivity 1/2, std sigma_b), which, whitened, are "
-               "one Gaussian mechanism of sensitivity (sigma_Delta^-2 + (2 sigma_b)^-2)^1/2 = "
-               "1/sigma (Andrew et al. 2021 Thm 1; Balle & Wang 2018 Thm 8); the sampler pays "
-               "it as one DP-SGD step of multiplier sigma"),
-    epsilon=EPSILON, delta=DELTA,
-    pairs=lambda: pairs(dp.D_WIDE)[:1],
-    release=_make_private_release, vector=plan_vector,
-    event=dp.step_event,
-    charged=lambda data, acc: (_make_private_step(jax.random.key(12), data, acc), 1),
-    fresh=None,
-    sensitivity=SENSITIVITY, norm="l2",
+    guarantee=("(eps, delta)-DP for add/remove of one example per update: the per-layer "
+               "normalised clipped sum (groups clipped to C_l, divided by sqrt(sum C_l^2): "
+               "sensitivity 1, std sigma_Delta) and G centered unclipped counts (sensitivity 1/2 "
+               "each, std sigma_b), whitened, are one Gaussian mechanism of sensitivity "
+               "(sigma_Delta^-2 + G (2 sigma_b)^-2)^1/2 = 1/sigma (Andrew et al. 2021 Thm 1; "
+               "McMahan et al. 2018 Sec. 3; Balle & Wang 2018 Thm 8)"),
+    epsilon=EPSILON_LAYER, delta=DELTA, pairs=pairs,
+    release=_layer_release, vector=layer_vector,
+    event=lambda: _gaussian_event(SIGMA),
+    charged=None, fresh=None,
+    sensitivity=SENSITIVITY_LAYER, norm="l2",
     noise=reg.NoiseSpec(
-        kind="gaussian", scale=1.0, reference=joint_reference,
-        theorem="whitened (noisy sum / sigma_Delta, noisy centered count / sigma_b): std 1 per "
-                "coordinate, sigma_Delta = (sigma^-2 - (2 sigma_b)^-2)^-1/2 (Andrew et al. 2021 "
-                "Alg. 1 and Thm 1)"),
-    audit=None, support="continuous",
-    # N is public by the documented convention (q N is computed from it).
-    public_outputs=("expected_batch_size",),
-    skip={"audit": "each call builds and compiles its own plan (make_private), so 2 x trials "
-                   "calls do not fit the always-on suite; the same noise path (adaptive_clip_noise "
-                   "around noisy_aggregate) is audited by the adaptive_noisy_aggregate entry "
-                   "(vmapped)"}))
+        kind="gaussian", scale=1.0, reference=layer_reference,
+        theorem="whitened (noisy per-layer normalised sum / sigma_Delta, G noisy counts / "
+                "sigma_b): std 1 per coordinate, sigma_Delta = (sigma^-2 - G (2 sigma_b)^-2)^-1/2 "
+                "(Andrew et al. 2021 Alg. 1 and Thm 1)"),
+    audit=reg.AuditSpec(statistic=lambda out: float(np.dot(layer_vector(out), _LAYER_DIRECTION))),
+    support="continuous",
+    skip={"charge": _NO_CHARGE}))
 
 
 # -- declared: public adaptive-clipping callables that release nothing themselves ----------

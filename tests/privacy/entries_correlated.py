@@ -20,10 +20,10 @@ worst); the run is ONE Gaussian mechanism with ``Delta / std = ||C 1|| / (sigma
 s_1)``, whose exact epsilon (Balle & Wang 2018 Thm 8) is the claim.
 
 Entries: the transform ``correlated_noise`` for a BandMF and a BLT strategy
-(vmapped, audited), and ``PrivateSGD.step`` of a ``make_private(...,
-noise_strategy=BandMF)`` plan (the sampler pays the run's one event before
-its first batch; host loop, so not audited: the transform entries audit the
-same noise path).
+(vmapped, audited). ``PrivateSGD.step`` of a ``make_private(...,
+noise_strategy=BandMF|BLT)`` plan (the sampler pays the run's one event before
+its first batch) is registered per noise x clip cell in
+``entries_plan_cells.py``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 import conformance_registry as reg
 import entries_dpsgd as dp
@@ -167,51 +166,11 @@ for _name in ("BandMF", "BLT"):
       audit=reg.AuditSpec(statistic=functools.partial(_audit_statistic, _name)),
       support="continuous",
       skip={"charge": "an optax transform spends nothing; make_private's sampler pays the run "
-                      "(the PrivateSGD.step[noise_strategy=BandMF] entry checks it)"}))
+                      "(the PrivateSGD.step[noise=BandMF|BLT, clip=...] entries check it)"}))
 
 
-# -- PrivateSGD.step of a make_private(noise_strategy=...) plan ------------------------------
-
-
-def _make_private_run(key, data, accountant):
-  """T steps of a BandMF plan (q = 1, b = 1); returns the T parameter vectors ``x_t + w_t``."""
-  from jaxdp import dpsgd
-  n = len(data["y"])
-  private = dpsgd.make_private(
-      _linear_loss, l2_clip_norm=dp.CLIP, num_examples=n, key=key, sample_rate=1.0,
-      noise_multiplier=dp.SIGMA, delta=dp.DELTA, steps=T, optimizer=optax.scale(float(n)),
-      clipping_method="vmap", noise_strategy=_strategies()["BandMF"], min_separation=1)
-  w = jnp.zeros((data["x"].shape[1], dp.K), jnp.float32)
-  state = private.init(w)
-  sampler = private.sampler(accountant)
-  outs = []
-  for _ in range(T):
-    w_next, state, _ = private.step(w, state, sampler.sample().gather(data["x"], data["y"]))
-    outs.append(w_next - w)
-    w = w_next
-  return jnp.stack(outs)
-
-
-def _make_private_release(key, data):
-  from jaxdp.accounting import PrivacyAccountant
-  return _make_private_run(key, data, PrivacyAccountant())
-
-
-reg.register(reg.ReleasePoint(
-    name="jaxdp.dpsgd.PrivateSGD.step[noise_strategy=BandMF]",
-    family=FAMILY, neighbouring="add_remove", unit="example",
-    guarantee=_TRANSFORM_GUARANTEE + "; the sampler pays the run's one event before batch 0",
-    epsilon=_epsilon("BandMF"), delta=dp.DELTA,
-    pairs=lambda: _pairs(dp.D_WIDE)[:1],
-    release=_make_private_release,
-    vector=functools.partial(_transform_vector, "BandMF"),
-    event=functools.partial(_event, "BandMF"),
-    charged=lambda data, acc: (_make_private_run(jax.random.key(12), data, acc), 1),
-    fresh=None,
-    sensitivity=dp.CLIP * _run_ratio("BandMF") * _s1("BandMF"), norm="l2",
-    noise=_noise("BandMF"), audit=None, support="continuous",
-    skip={"audit": "each call compiles a new jitted step; the same noise path "
-                   "(correlated_noise) is audited by the correlated_noise[BandMF] entry"}))
+# -- PrivateSGD.step of a make_private(noise_strategy=...) plan: entries_plan_cells.py --------
+# (one entry per noise x clip cell: [noise=BandMF|BLT, clip=fixed|adaptive]).
 
 
 # -- declared: public callables that release nothing themselves ------------------------------
@@ -223,7 +182,7 @@ for _name, _reason in {
         "a public strategy matrix (buffer decays and weights); reads no data",
     "jaxdp.dpsgd.correlated.CyclicPoissonSampler":
         "draws batch indices from keys and the public N, b, p only (never reads the data); the "
-        "release is PrivateSGD.step[noise_strategy=BandMF] (registered)",
+        "release is PrivateSGD.step[noise=BandMF|BLT, clip=fixed|adaptive] (registered)",
     "jaxdp.dpsgd.correlated.mf_event":
         "the DpEvent of a run from public (strategy, sigma, n, b, p); spends nothing",
     "jaxdp.dpsgd.correlated.mf_epsilon":

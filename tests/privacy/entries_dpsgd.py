@@ -29,13 +29,13 @@ Pairs (add/remove): an added example whose gradient norm (8.2 C) makes the clip
 bind (the worst case), an example on the clipping boundary, a duplicated row,
 and a removed row.
 
-Entries: ``train_dpsgd``; ``PrivateSGD.step`` (the release of a ``make_private``
-plan: its ``PaidSampler`` pays the step before the batch exists, so the charge
-check covers the sampler); ``linear_dpsgd``; the optax transforms
+Entries: ``train_dpsgd``; ``linear_dpsgd``; the optax transforms
 ``noisy_aggregate``, ``private_sgd`` and ``dp_optimizer`` (one update on the
-clipped sum, divided by a constant ``q N``). ``make_private`` itself, the plan,
-the result records and the calibrations are declared at the end (they release
-nothing).
+clipped sum, divided by a constant ``q N``). ``PrivateSGD.step`` (the release
+of a ``make_private`` plan) is registered once per cell of the plan (noise x
+clip, batch selection, device path) in ``entries_plan_cells.py``.
+``make_private`` itself, the plan, the result records and the calibrations are
+declared at the end (they release nothing).
 """
 
 from __future__ import annotations
@@ -307,46 +307,11 @@ reg.register(reg.ReleasePoint(
                               "tests/dpsgd/test_dpsgd_replace_one_training.py"})))
 
 
-# -- PrivateSGD.step (make_private's plan; its PaidSampler pays before sampling) --------
+# -- PrivateSGD.step: registered per cell of the plan in entries_plan_cells.py ---------------
 
 
 def _per_example_loss(w, x, y):
   return optax.softmax_cross_entropy_with_integer_labels(x @ w, y)
-
-
-def _make_private_step(key, data, accountant, device=False):
-  """One step of a make_private plan; ``device=True``: the device-resident path (Poisson
-  sampling, gather and update in one jitted call) instead of host sampling + gather."""
-  from jaxdp import dpsgd
-  n = len(data["y"])
-  private = dpsgd.make_private(
-      _per_example_loss, l2_clip_norm=CLIP, num_examples=n, key=key, sample_rate=1.0,
-      noise_multiplier=SIGMA, delta=DELTA, steps=1, optimizer=optax.sgd(float(n)),
-      clipping_method="vmap")
-  w0 = jnp.zeros((data["x"].shape[1], K), jnp.float32)
-  if device:
-    batch = private.sampler(accountant, data=(data["x"], data["y"])).sample()
-  else:
-    batch = private.sampler(accountant).sample().gather(data["x"], data["y"])
-  return private.step(w0, private.init(w0), batch)
-
-
-def _make_private_release(device, key, data):
-  from jaxdp.accounting import PrivacyAccountant
-  return _make_private_step(key, data, PrivacyAccountant(), device)
-
-
-for _suffix, _device in (("", False), ("[data=device]", True)):
-  reg.register(reg.ReleasePoint(
-      name="jaxdp.dpsgd.PrivateSGD.step" + _suffix,
-      release=functools.partial(_make_private_release, _device),
-      vector=lambda out: -_flat(out[0]),
-      charged=functools.partial(
-          lambda device, data, acc: (_make_private_step(jax.random.key(12), data, acc, device), 1),
-          _device),
-      fresh=None,
-      audit=None,
-      **_common(pairs=lambda: add_remove_pairs(D_WIDE)[:1], skip={"audit": _HOST_LOOP_AUDIT})))
 
 
 # -- optax transforms: noisy_aggregate, private_sgd, dp_optimizer -----------------
@@ -413,8 +378,9 @@ for _name, _make, _sign in (("noisy_aggregate", _noisy_aggregate, 1.0),
 
 # -- declared: public DP-SGD callables that release nothing themselves ----------------
 
-_PLAN = ("the release is PrivateSGD.step (registered: one step of the plan, paid by the "
-         "PaidSampler before its batch exists)")
+_PLAN = ("the release is PrivateSGD.step (registered per cell of the plan in "
+         "entries_plan_cells.py: one step or run of the plan, paid by the PaidSampler before its "
+         "batch exists)")
 for _name, _reason in {
     "jaxdp.dpsgd.make_private":
         "builds a PrivateSGD plan from public hyper-parameters (calibrates sigma, fixes q, P, "
@@ -456,10 +422,15 @@ for _name, _reason in {
         "the extra delta (1 + e^eps) T p of aborting on overflow: arithmetic on public numbers",
     "jaxdp.dpsgd.noise_stddev":
         "sigma * S from the public noise multiplier and sensitivity (a calibration)",
+    "jaxdp.dpsgd.transforms.noise_transformation":
+        "tags a caller's (init, update) pair with the public noise_multiplier and l2_sensitivity "
+        "it states (the metadata adaptive_clip_noise checks); draws no noise and reads no data "
+        "itself; the library's noise transforms built with it (noisy_aggregate, "
+        "correlated_noise) are registered",
 }.items():
   reg.not_a_release_point(_name, _reason)
 
 # train_dpsgd returns a DPSGDResult, which is not a pytree of arrays: its checks loop
-# from the start (each call builds and compiles its own jitted step). PrivateSGD.step,
-# linear_dpsgd and the transforms above are vmapped over the key (one trace per batch).
+# from the start (each call builds and compiles its own jitted step). linear_dpsgd and
+# the transforms above are vmapped over the key (one trace per batch).
 cc.host_side("jaxdp.dpsgd.train_dpsgd")

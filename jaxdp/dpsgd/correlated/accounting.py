@@ -82,35 +82,53 @@ def _checked(strategy, num_steps, min_separation, sample_rate):
 
 
 def mf_event(strategy, *, noise_multiplier: float, num_steps: int, min_separation: int,
-             sample_rate: float, unit: str = events.DEFAULT_UNIT) -> events.DpEvent:
-  """The DpEvent of a whole MF run (module docstring), tagged add/remove per ``unit``.
+             sample_rate: float, unit: str = events.DEFAULT_UNIT,
+             neighbouring: str = events.ADD_REMOVE) -> events.DpEvent:
+  """The DpEvent of a whole MF run (module docstring), tagged ``neighbouring`` per ``unit``.
 
-  Amplified: ``SelfComposed(PoissonSampled(p, Gaussian(sigma)), k)``;
-  deterministic: ``Gaussian(sigma s_1 / sens_{k,b}(C))``. ``noise_multiplier = 0``
+  Add/remove -- amplified: ``SelfComposed(PoissonSampled(p, Gaussian(sigma)), k)``;
+  deterministic: ``Gaussian(sigma s_1 / sens_{k,b}(C))``.
+
+  Replace-one: a replaced record keeps its index, hence its cyclic group, and
+  moves each participation's clipped contribution by at most ``2 S`` (the
+  replace-one sensitivity of a clipped sum). Amplified: in the proof of
+  Choquette-Choo et al. 2023 Thm 4 each of the k blocks of ``C x + z`` is then
+  the replace-one Poisson-subsampled Gaussian, the mixture pair of one
+  replace-one DP-SGD step (Zhu, Dong & Wang 2022), i.e.
+  ``SelfComposed(PoissonSampled(p, Gaussian(sigma / 2)), k)`` tagged
+  replace-one (:func:`jaxdp.accounting.dpsgd_event`, accounted by PLD);
+  deterministic: one Gaussian of twice the add/remove sensitivity,
+  ``Gaussian(sigma s_1 / (2 sens_{k,b}(C)))``. ``noise_multiplier = 0``
   gives ``NonPrivateDpEvent``.
   """
   n, b, p = _checked(strategy, num_steps, min_separation, sample_rate)
   sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
   unit = events.check_unit(unit)
+  relation = events.check_neighbouring(neighbouring)
   if sigma == 0.0:
     return events.NonPrivateDpEvent()
   if analysis(strategy, b, p) == AMPLIFIED:
     return dpsgd_accounting.dpsgd_event(sigma, p, _participation.max_participations(n, b),
-                                        unit=unit)
-  return events.GaussianDpEvent(sigma / run_sensitivity(strategy, n, b),
-                                neighbouring=events.ADD_REMOVE, unit=unit)
+                                        neighbouring=relation, unit=unit)
+  scale = 2.0 if relation == events.REPLACE_ONE else 1.0
+  return events.GaussianDpEvent(sigma / (scale * run_sensitivity(strategy, n, b)),
+                                neighbouring=relation, unit=unit)
 
 
 def mf_epsilon(strategy, *, noise_multiplier: float, num_steps: int, min_separation: int,
-               sample_rate: float, delta: float, accountant: str = "rdp") -> float:
-  """Epsilon at ``delta`` of the run's event (:func:`mf_event`) by dp_accounting's ``"rdp"`` or ``"pld"``."""
+               sample_rate: float, delta: float, accountant: str = "rdp",
+               neighbouring: str = events.ADD_REMOVE) -> float:
+  """Epsilon at ``delta`` of the run's event (:func:`mf_event`) by dp_accounting's ``"rdp"`` or ``"pld"``.
+
+  Replace-one needs ``"pld"`` (the replace-one sampled Gaussian, as for DP-SGD).
+  """
   n, b, p = _checked(strategy, num_steps, min_separation, sample_rate)
   sigma = _validation.check_positive(noise_multiplier, "noise_multiplier")
   delta = _validation.check_delta(delta, allow_zero=False)
-  dpsgd_accounting.check_relation_and_accountant(events.ADD_REMOVE, accountant)
-  acc = dpsgd_accounting.make_accountant(accountant)
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant)
+  acc = dpsgd_accounting.make_accountant(accountant, relation)
   acc.compose(mf_event(strategy, noise_multiplier=sigma, num_steps=n, min_separation=b,
-                       sample_rate=p))
+                       sample_rate=p, neighbouring=relation))
   return float(acc.get_epsilon(delta))
 
 
@@ -139,7 +157,8 @@ def adaptive_gradient_noise_multiplier(strategy, *, noise_multiplier: float,
 
 def calibrate_mf_noise_multiplier(target_epsilon: float, delta: float, strategy, *,
                                   num_steps: int, min_separation: int, sample_rate: float,
-                                  accountant: str = "rdp", tol: float = 1e-4) -> float:
+                                  accountant: str = "rdp", tol: float = 1e-4,
+                                  neighbouring: str = events.ADD_REMOVE) -> float:
   """Smallest sigma (to ``tol``) whose run is (target_epsilon, delta)-DP by ``accountant``.
 
   Amplified runs use DP-SGD's calibration with q = p and k steps
@@ -152,17 +171,25 @@ def calibrate_mf_noise_multiplier(target_epsilon: float, delta: float, strategy,
   target_epsilon = _validation.check_epsilon(target_epsilon, "target_epsilon")
   delta = _validation.check_delta(delta, allow_zero=False)
   tol = _validation.check_positive(tol, "tol")
-  dpsgd_accounting.check_relation_and_accountant(events.ADD_REMOVE, accountant)
+  relation = dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant)
   if analysis(strategy, b, p) == AMPLIFIED:
     return dpsgd_accounting.calibrate_noise_multiplier(
         target_epsilon, delta, p, _participation.max_participations(n, b), accountant=accountant,
-        tol=tol)
-  ratio = run_sensitivity(strategy, n, b)
-  mu = _gaussian_multiplier(float(target_epsilon), float(delta), accountant, float(tol))
+        tol=tol, neighbouring=relation)
+  # Replace-one doubles the run's sensitivity (mf_event).
+  ratio = run_sensitivity(strategy, n, b) * (2.0 if relation == events.REPLACE_ONE else 1.0)
+  if accountant == "pld":
+    # The exact Gaussian (Balle & Wang 2018); PLD's pessimistic rounding is nudged below.
+    from jaxdp.accounting import analytic_gaussian  # pylint: disable=g-import-not-at-top
+    mu = float(analytic_gaussian.analytic_gaussian_sigma(float(target_epsilon), float(delta),
+                                                          1.0))
+  else:
+    mu = _gaussian_multiplier(float(target_epsilon), float(delta), accountant, float(tol))
   sigma = mu * ratio
   for _ in range(10_000):
     if mf_epsilon(strategy, noise_multiplier=sigma, num_steps=n, min_separation=b,
-                  sample_rate=p, delta=delta, accountant=accountant) <= target_epsilon:
+                  sample_rate=p, delta=delta, accountant=accountant,
+                  neighbouring=relation) <= target_epsilon:
       return float(sigma)
     sigma += tol * ratio
   raise RuntimeError("noise calibration failed to reach the target epsilon.")  # pragma: no cover

@@ -101,3 +101,30 @@ def test_event_tags_and_bad_arguments():
   with pytest.raises(ValueError, match="pld"):
     mf_epsilon(BandMF.dp_sgd(), noise_multiplier=1.0, num_steps=5, min_separation=1,
                sample_rate=0.5, delta=DELTA, accountant="moments")
+
+
+def test_replace_one_runs_pay_the_replace_one_event_of_twice_the_sensitivity():
+  """Amplified: k replace-one sampled Gaussians (sigma / 2); unamplified: sigma s_1 / (2 sens)."""
+  from jaxdp.accounting import events as ev
+  from jaxdp.dpsgd.correlated import BLT, BandMF
+  from jaxdp.dpsgd.correlated import accounting as mfa
+  amplified = mfa.mf_event(BandMF(np.array([1.0, 0.5])), noise_multiplier=1.2, num_steps=8,
+                           min_separation=2, sample_rate=0.1, neighbouring="replace_one")
+  inner = amplified.event
+  assert amplified.count == 4 and inner.sampling_probability == 0.1
+  assert inner.event.noise_multiplier == pytest.approx(0.6)
+  assert inner.event.neighbouring == ev.REPLACE_ONE
+  blt = BLT(theta=[0.5], omega=[0.3])
+  add = mfa.mf_event(blt, noise_multiplier=1.2, num_steps=8, min_separation=2, sample_rate=0.1)
+  rep = mfa.mf_event(blt, noise_multiplier=1.2, num_steps=8, min_separation=2, sample_rate=0.1,
+                     neighbouring="replace_one")
+  assert rep.noise_multiplier == pytest.approx(add.noise_multiplier / 2)
+  sigma = mfa.calibrate_mf_noise_multiplier(2.0, 1e-5, blt, num_steps=8, min_separation=2,
+                                            sample_rate=0.1, accountant="pld",
+                                            neighbouring="replace_one")
+  eps = mfa.mf_epsilon(blt, noise_multiplier=sigma, num_steps=8, min_separation=2,
+                       sample_rate=0.1, delta=1e-5, accountant="pld", neighbouring="replace_one")
+  assert 1.9 < eps <= 2.0
+  assert mfa.mf_epsilon(blt, noise_multiplier=0.99 * sigma, num_steps=8, min_separation=2,
+                        sample_rate=0.1, delta=1e-5, accountant="pld",
+                        neighbouring="replace_one") > 2.0
