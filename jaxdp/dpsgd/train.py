@@ -199,19 +199,21 @@ def _default_accountant():
   return PrivacyAccountant()
 
 
-def _throwaway_accountant():
+def _throwaway_accountant(unit: str):
   """A private in-memory ledger for ``accountant=None`` (the sampler pays every step on one)."""
   from jaxdp.accounting.accountant import PrivacyAccountant  # pylint: disable=g-import-not-at-top
-  return PrivacyAccountant()
+  return PrivacyAccountant(unit=unit)
 
 
 def _check_arguments(x: Any, y: Any, *, loss: Any, accountant: Any, neighbouring: str,
                      accountant_method: str, on_overflow: str, max_overflow_delta_fraction: float,
                      sample_on_device: bool | None, mesh: Any,
-                     physical_batch_size: int | None) -> tuple[Any, Any, float, bool]:
+                     physical_batch_size: int | None,
+                     batch_selection: Any = None) -> tuple[Any, Any, float, bool]:
   """Checks train_dpsgd's own arguments and the dataset before any work: ``(x, y, frac, on_device)``."""
-  dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
-                                                 "accountant_method")
+  if batch_selection is None:  # a batch_selection sampler is checked by make_private
+    dpsgd_accounting.check_relation_and_accountant(neighbouring, accountant_method,
+                                                   "accountant_method")
   if not (accountant is None or (isinstance(accountant, str) and accountant == "default")
           or hasattr(accountant, "spend")):
     raise TypeError("accountant must be a PrivacyAccountant or PrivacyBudget (anything with "
@@ -279,11 +281,12 @@ def _abort_rule(private: private_step.PrivateSGD, on_overflow: str,
   """
   if on_overflow == "split":
     return 0.0, None
-  if private.noise_strategy is not None:
-    raise ValueError("on_overflow='raise' is not available with noise_strategy (its batches are "
-                     "cyclic Poisson; the abort term is derived for DP-SGD's Poisson batches). "
-                     "Use on_overflow='split' (exact, no extra delta). Nothing was trained or "
-                     "spent.")
+  if private.noise_strategy is not None or private.batch_selection is not None:
+    what = "noise_strategy" if private.noise_strategy is not None else "batch_selection"
+    raise ValueError(f"on_overflow='raise' is not available with {what} (its batches are not "
+                     "DP-SGD's Poisson batches of examples, for which the abort term is "
+                     "derived). Use on_overflow='split' (exact, no extra delta). Nothing was "
+                     "trained or spent.")
   n, q, steps, delta = private.num_examples, private.sample_rate, private.steps, private.delta
   checker = sampling.PoissonSampler(n, q, padded_size=private.padded_size, on_overflow="raise")
   if private.noise_multiplier == 0:
@@ -428,6 +431,7 @@ def train_dpsgd(
     noise_strategy: Any = None,
     min_separation: int | None = None,
     sample_on_device: bool | None = None,
+    batch_selection: Any = None,
 ) -> DPSGDResult:
   """Trains ``model`` with DP-SGD on ``(x, y)`` and reports the epsilon spent.
 
@@ -480,7 +484,7 @@ def train_dpsgd(
     sample_rate / expected_batch_size, target_epsilon / noise_multiplier,
     optimizer, learning_rate, per_layer, microbatch_size, clipping_method,
     physical_batch_size, overflow_prob, accountant_method, neighbouring,
-    noise_strategy, min_separation: as for :func:`.make_private` (sigma = 0
+    noise_strategy, min_separation, batch_selection: as for :func:`.make_private` (sigma = 0
     trains non-privately, epsilon = inf; ``accountant_method`` is ONE method for
     the calibration and ``result.epsilon`` / ``result.guarantee``).
     params: initial parameters (a linen ``params`` tree, optional).
@@ -521,9 +525,10 @@ def train_dpsgd(
       x, y, loss=loss, accountant=accountant, neighbouring=neighbouring,
       accountant_method=accountant_method, on_overflow=on_overflow,
       max_overflow_delta_fraction=max_overflow_delta_fraction, sample_on_device=sample_on_device,
-      mesh=mesh, physical_batch_size=physical_batch_size)
+      mesh=mesh, physical_batch_size=physical_batch_size, batch_selection=batch_selection)
   per_example, params, write_back = _build_model(model, params, key, x, y, loss)
-  if isinstance(accountant, str):
+  default_accountant = isinstance(accountant, str)
+  if default_accountant:
     accountant = _default_accountant()
   # Argument checks, then the calibration (the slow part), inside make_private.
   private = private_step.make_private(
@@ -535,9 +540,12 @@ def train_dpsgd(
       clipping_method=clipping_method, per_layer=per_layer, microbatch_size=microbatch_size,
       accountant_method=accountant_method, neighbouring=neighbouring,
       checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-      noise_strategy=noise_strategy, min_separation=min_separation)
+      noise_strategy=noise_strategy, min_separation=min_separation,
+      batch_selection=batch_selection)
+  if default_accountant and accountant is not None and accountant.unit != private.unit:
+    accountant = type(accountant)(unit=private.unit)  # the default ledger is in the plan's unit
   overflow_delta, checker = _abort_rule(private, on_overflow, frac)
-  ledger = accountant if accountant is not None else _throwaway_accountant()
+  ledger = accountant if accountant is not None else _throwaway_accountant(private.unit)
   data = (x, y) if on_device else (np.asarray(x), np.asarray(y))  # host path: gather on host
   params, state, sampler = _open_run(private, params, data, ledger, mesh, on_device)
   step_keys = None if checker is None else keys_lib.derive(key).step_keys(private.steps)

@@ -167,3 +167,29 @@ def test_on_overflow_raise_aborts_before_the_overflowing_batch_is_used():
                       **{**COMMON, "noise_multiplier": 0.0})
   assert seen == []
   assert len(acc.ledger) == 1 and isinstance(acc.ledger[0][0], events.NonPrivateDpEvent)
+
+
+def test_train_dpsgd_takes_a_batch_selection():
+  """Fixed-size (replace-one, RDP) and user-level (unit "user") selections pass through."""
+  from jaxdp.dpsgd.fixed_size_sampling import FixedSizeSampler
+  from jaxdp.dpsgd.user_sampling import UserPoissonSampler
+  import flax.linen as nn
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(48, 4)).astype(np.float32)
+  y = (x[:, 0] > 0).astype(np.int32)
+  model = nn.Dense(2)
+  fixed = dpsgd.train_dpsgd(model, x, y, key=jax.random.key(0), epochs=0.5, l2_clip_norm=1.0,
+                            delta=1e-5, noise_multiplier=1.0, neighbouring="replace_one",
+                            batch_selection=FixedSizeSampler(48, 8))
+  assert fixed.steps == 3 and fixed.neighbouring == "replace_one"
+  assert fixed.accountant.ledger[0][1] == 3
+  users = dpsgd.train_dpsgd(model, x, y, key=jax.random.key(1), epochs=0.5, l2_clip_norm=1.0,
+                            delta=1e-5, noise_multiplier=1.0,
+                            batch_selection=UserPoissonSampler(np.arange(48) // 4,
+                                                               sample_rate=0.25,
+                                                               max_examples_per_user=4))
+  assert users.accountant.unit == "user" and users.steps == 2
+  with pytest.raises(ValueError, match="on_overflow='raise' is not available with batch_selection"):
+    dpsgd.train_dpsgd(model, x, y, key=jax.random.key(0), epochs=0.5, l2_clip_norm=1.0,
+                      delta=1e-5, noise_multiplier=1.0, neighbouring="replace_one",
+                      on_overflow="raise", batch_selection=FixedSizeSampler(48, 8))
