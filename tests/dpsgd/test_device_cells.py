@@ -73,7 +73,7 @@ def _run(device, x, y, **plan_kw):
 
 
 @pytest.mark.parametrize("noise,adaptive", [
-    (BANDMF, False),
+    pytest.param(BANDMF, False, marks=pytest.mark.slow),  # a part of "bandmf+adaptive"
     # Its code path (clip norm per step, no groups) is a part of "bandmf+adaptive".
     pytest.param(None, True, marks=pytest.mark.slow),
     (BANDMF, True)], ids=["bandmf", "adaptive", "bandmf+adaptive"])
@@ -148,6 +148,7 @@ def _eight_devices(train):
   return out
 
 
+@pytest.mark.slow  # always on: the 2-process job of test_multihost.py (BandMF + adaptive)
 @pytest.mark.multidevice
 def test_eight_devices_sample_the_same_cyclic_batches():
   _eight_devices(train=False)

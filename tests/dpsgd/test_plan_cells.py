@@ -15,7 +15,7 @@ import pytest
 import _plan_cells as pc
 from jaxdp.accounting import PrivacyAccountant
 
-# Always on: every selection, clip and noise, both layouts; a checkpointed cell of each layout.
+# Always on: every selection, clip and noise, both layouts, and a checkpointed cell.
 SLICE = {
     False: {pc.Cell("host", "poisson", "fixed", "independent"),
             pc.Cell("host", "cyclic", "fixed", "BLT"),
@@ -23,8 +23,7 @@ SLICE = {
             pc.Cell("host", "fixed_size", "fixed", "independent"),
             pc.Cell("device", "user", "fixed", "independent"),
             pc.Cell("host", "user", "adaptive", "BandMF")},  # refused
-    True: {pc.Cell("device", "cyclic", "adaptive", "BandMF"),
-           pc.Cell("host", "fixed_size", "fixed", "independent")},
+    True: {pc.Cell("device", "cyclic", "adaptive", "BandMF")},
 }
 
 

@@ -98,6 +98,7 @@ class _Preempted(Exception):
   pass
 
 
+@pytest.mark.slow  # always on: test_plan_cells.py resumes a BandMF plan; train_dpsgd's own resume in test_private_step_checkpoints.py
 def test_bandmf_run_resumes_from_its_checkpoint_paid_once(tmp_path):
   # Killed after step 3 (checkpoint of step 2); the restart replays step 3 with the same
   # batch and noise (the data and starting params are the run's) and equals the full run.
@@ -122,6 +123,7 @@ def test_bandmf_run_resumes_from_its_checkpoint_paid_once(tmp_path):
   assert acc.ledger == ((event, 1),)
 
 
+@pytest.mark.slow  # always on: the adaptive plan cells of test_plan_cells.py
 def test_adaptive_clip_norm_trains_like_the_make_private_loop():
   clip = dpsgd.AdaptiveClipNorm(initial=0.1, target_quantile=0.5, learning_rate=0.2)
   key = jax.random.key(3)

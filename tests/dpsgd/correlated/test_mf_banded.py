@@ -111,6 +111,7 @@ def test_optimum_equals_jax_privacy_at_n64_8_bands():
                                                error="mean")
 
 
+@pytest.mark.slow  # always on: the plan cells stream BandMF/BLT; test_mf_noise.py checks them dense
 def test_streamed_noise_equals_dense_inverse():
   n = 7
   strategy = ColumnNormalizedBanded(_random_table(np.random.default_rng(3), n, 3))
@@ -240,7 +241,7 @@ def test_updates_past_num_steps_are_refused():
 
 
 @pytest.mark.parametrize("n,k,b,gain", [
-    (60, 2, 30, 0.995),
+    pytest.param(60, 2, 30, 0.995, marks=pytest.mark.slow),
     pytest.param(200, 4, 50, 0.99, marks=pytest.mark.slow),
 ])
 def test_two_blt_buffers_beat_one(n, k, b, gain):
