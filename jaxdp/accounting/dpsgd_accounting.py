@@ -231,14 +231,29 @@ def resolve_noise_multiplier(target_epsilon: float | None, noise_multiplier: flo
   Raises:
     ValueError: both or neither given, ``target_epsilon`` without ``delta``, or bad values.
   """
+  return resolve_with(target_epsilon, noise_multiplier, delta,
+                      lambda eps, d: calibrate_noise_multiplier(eps, d, sample_rate, steps,
+                                                                accountant=accountant,
+                                                                neighbouring=neighbouring))
+
+
+def resolve_with(target_epsilon: float | None, noise_multiplier: float | None,
+                 delta: float | None, calibrate) -> float:
+  """``noise_multiplier`` (checked ``>= 0``), or ``calibrate(target_epsilon, delta)``: exactly one.
+
+  The argument rule every noise calibration of a plan shares (DP-SGD, fixed-size
+  batches, correlated noise); ``calibrate`` is the mechanism's own calibration.
+
+  Raises:
+    ValueError: both or neither given, or ``target_epsilon`` without ``delta``.
+  """
   if (target_epsilon is None) == (noise_multiplier is None):
     raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
   if target_epsilon is None:
     return _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
   if delta is None:
     raise ValueError("delta is required with target_epsilon.")
-  return calibrate_noise_multiplier(target_epsilon, delta, sample_rate, steps,
-                                    accountant=accountant, neighbouring=neighbouring)
+  return float(calibrate(target_epsilon, delta))
 
 
 # -- fixed-size batches: sampling without replacement, replace-one neighbours ----------------------

@@ -349,13 +349,9 @@ def _check_batch_selection(selection: Any, n: int, *, relation: str, accountant_
 def _fixed_size_noise_multiplier(selection: Any, target_epsilon: Any, noise_multiplier: Any,
                                  delta: Any, steps: int) -> float:
   """sigma for a fixed-size plan: given, or calibrated by RDP to (target_epsilon, delta)."""
-  if (target_epsilon is None) == (noise_multiplier is None):
-    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
-  if target_epsilon is None:
-    return _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
-  if delta is None:
-    raise ValueError("delta is required with target_epsilon.")
-  return float(selection.calibrate_noise_multiplier(target_epsilon, delta, steps))
+  return dpsgd_accounting.resolve_with(
+      target_epsilon, noise_multiplier, delta,
+      lambda eps, d: selection.calibrate_noise_multiplier(eps, d, steps))
 
 
 def _noise_transform(strategy: Any, adaptive: Any, *, sigma: float, grad_sigma: float,
@@ -1636,16 +1632,12 @@ def make_private(
     sigma = dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
                                                       t_planned, accountant=accountant_method,
                                                       neighbouring=relation)
-  elif (target_epsilon is None) == (noise_multiplier is None):
-    raise ValueError("give exactly one of target_epsilon or noise_multiplier.")
-  elif target_epsilon is None:
-    sigma = _validation.check_nonnegative(noise_multiplier, "noise_multiplier")
   else:
-    if delta is None:
-      raise ValueError("delta is required with target_epsilon.")
-    sigma = correlated.calibrate_mf_noise_multiplier(
-        target_epsilon, delta, noise_strategy, num_steps=t_planned, min_separation=b,
-        sample_rate=q, accountant=accountant_method, neighbouring=relation)
+    sigma = dpsgd_accounting.resolve_with(
+        target_epsilon, noise_multiplier, delta,
+        lambda eps, d: correlated.calibrate_mf_noise_multiplier(
+            eps, d, noise_strategy, num_steps=t_planned, min_separation=b, sample_rate=q,
+            accountant=accountant_method, neighbouring=relation))
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   grad_sigma, count_sigma = sigma, None

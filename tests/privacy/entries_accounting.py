@@ -85,6 +85,8 @@ _DECLARED = {
         "constructs an empty dp_accounting RDP/PLD accountant object; holds no data",
     "jaxdp.accounting.dpsgd_accounting.resolve_noise_multiplier":
         _CALIBRATION + ": sigma given, or calibrated from (target_epsilon, delta, q, T).",
+    "jaxdp.accounting.dpsgd_accounting.resolve_with":
+        _CALIBRATION + ": sigma given, or the given calibration at public (target_epsilon, delta).",
     # -- fixed-size (without replacement) and user-level batch selection ----------------
     "jaxdp.accounting.dpsgd_accounting.fixed_size_dpsgd_event":
         _EVENT + ": T x SampledWithoutReplacement(N, B, Gaussian(sigma / 2)) tagged replace_one.",

@@ -192,6 +192,28 @@ def _lbfgs(value_and_grad, x0, max_iterations, tol):
   return x
 
 
+def _check_banded(num_steps, bands, momentum, learning_rates, max_participations,
+                  min_separation, error, max_iterations, tol, *, why: str):
+  """The checks of the banded optimisers; b defaults to ``bands`` (1 for one participation).
+
+  Returns ``(n, beta, eta, k, b, error, bands, max_iterations, tol)`` with ``k`` capped at
+  ``ceil(n / b)``; ``why`` ends the message refusing ``b < bands`` with several participations.
+  """
+  n, beta, eta, k, b, error = _check_common(num_steps, momentum, learning_rates,
+                                            max_participations, min_separation, error)
+  bands = _validation.check_positive_int(bands, "bands")
+  if bands > n:
+    raise ValueError(f"bands must be <= num_steps ({n}), got {bands}.")
+  max_iterations, tol = _check_solver(max_iterations, tol)
+  if b is None:
+    b = bands if k > 1 else 1
+  k = min(k, -(-n // b))
+  if k > 1 and b < bands:
+    raise ValueError(f"min_separation ({b}) must be >= bands ({bands}) when an example can "
+                     f"participate more than once: {why}")
+  return n, beta, eta, k, b, error, bands, max_iterations, tol
+
+
 def optimize_bandmf(num_steps, bands, *, momentum=0.0, learning_rates=None, max_participations=1,
                     min_separation=None, error="total", max_iterations=500,
                     tol=1e-10) -> BandMF:
@@ -214,18 +236,9 @@ def optimize_bandmf(num_steps, bands, *, momentum=0.0, learning_rates=None, max_
   Returns:
     ``BandMF`` with ``coefs[0] = 1``.
   """
-  n, beta, eta, k, b, error = _check_common(num_steps, momentum, learning_rates,
-                                            max_participations, min_separation, error)
-  bands = _validation.check_positive_int(bands, "bands")
-  if bands > n:
-    raise ValueError(f"bands must be <= num_steps ({n}), got {bands}.")
-  max_iterations, tol = _check_solver(max_iterations, tol)
-  if b is None:
-    b = bands if k > 1 else 1
-  k = min(k, -(-n // b))
-  if k > 1 and b < bands:
-    raise ValueError(f"min_separation ({b}) must be >= bands ({bands}) when an example can "
-                     "participate more than once: BandMF's exact sensitivity needs it.")
+  n, beta, eta, k, b, error, bands, max_iterations, tol = _check_banded(
+      num_steps, bands, momentum, learning_rates, max_participations, min_separation, error,
+      max_iterations, tol, why="BandMF's exact sensitivity needs it.")
   if bands == 1:
     return BandMF.dp_sgd()
   steps = tuple(int(s) for s in _pattern_steps(n, k, b))
@@ -581,18 +594,9 @@ def optimize_column_normalized_banded(num_steps, bands, *, momentum=0.0, learnin
   Returns:
     A :class:`ColumnNormalizedBanded`.
   """
-  n, beta, eta, k, b, error = _check_common(num_steps, momentum, learning_rates,
-                                            max_participations, min_separation, error)
-  bands = _validation.check_positive_int(bands, "bands")
-  if bands > n:
-    raise ValueError(f"bands must be <= num_steps ({n}), got {bands}.")
-  max_iterations, tol = _check_solver(max_iterations, tol)
-  if b is None:
-    b = bands if k > 1 else 1
-  k = min(k, -(-n // b))
-  if k > 1 and b < bands:
-    raise ValueError(f"min_separation ({b}) must be >= bands ({bands}) when an example can "
-                     "participate more than once: the exact sensitivity sqrt(k) needs it.")
+  n, beta, eta, k, b, error, bands, max_iterations, tol = _check_banded(
+      num_steps, bands, momentum, learning_rates, max_participations, min_separation, error,
+      max_iterations, tol, why="the exact sensitivity sqrt(k) needs it.")
   if init is not None:
     if not isinstance(init, ColumnNormalizedBanded) or init.n != n or init.bands != bands:
       raise ValueError(f"init must be a ColumnNormalizedBanded with n={n} and bands={bands}.")
