@@ -57,6 +57,7 @@ import os
 import threading
 from typing import Callable
 
+import attr
 import numpy as np
 from dp_accounting import dp_event as dpa_event
 from dp_accounting import privacy_accountant as dpa_privacy_accountant
@@ -165,6 +166,37 @@ class _PldAccountant(pld_privacy_accountant.PLDAccountant):
         self._pld = self._pld.compose(pld)
       return None
     return super()._maybe_compose(event, count, do_compose)
+
+
+def _fields_of(event: ev.DpEvent) -> dict:
+  """The fields of an attrs or dataclass event (dp_accounting's and jaxdp's)."""
+  if attr.has(type(event)):
+    return {f.name: getattr(event, f.name) for f in attr.fields(type(event))}
+  if dataclasses.is_dataclass(event):
+    return {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+  return dict(getattr(event, "__dict__", {}))
+
+
+def _describe(event: ev.DpEvent, room: int = 4) -> str:
+  """A short readable description of ``event`` for messages (no repr of nested events)."""
+  if isinstance(event, ev.SelfComposedDpEvent):
+    return f"{event.count} x {_describe(event.event, room)}"
+  if isinstance(event, ev.ComposedDpEvent):
+    parts = [_describe(e, room) for e in event.events[:room]]
+    more = len(event.events) - room
+    return "[" + "; ".join(parts) + (f"; {more} more" if more > 0 else "") + "]"
+  name = type(event).__name__.removesuffix("DpEvent") or type(event).__name__
+  inner = getattr(event, "event", None)
+  fields = {}
+  for field, value in _fields_of(event).items():
+    if field.startswith("_") or field == "event" or isinstance(value, bool):
+      continue
+    if isinstance(value, (int, float, np.floating, np.integer)):
+      fields[field] = f"{field}={float(value):.4g}"
+    elif isinstance(value, str) and field in ("neighbouring", "unit"):
+      fields[field] = f"{field}={value}"
+  text = name + ("(" + ", ".join(fields.values()) + ")" if fields else "")
+  return text + (f" of {_describe(inner, room)}" if isinstance(inner, ev.DpEvent) else "")
 
 
 def _check_real(value, name: str, low: float, high: float = math.inf) -> None:
@@ -686,9 +718,19 @@ class PrivacyBudget:
 
     Cheap bounds are tried first: any one of them at or below the limit
     suffices, so the (slow) PLD accountant only runs near the limit.
+
+    Raises:
+      UnsupportedEventError: this budget's ``method`` (not ``"auto"``) cannot
+        bound ``acc`` at all; the message says why and which method can.
     """
     if self.method != "auto":
-      return self._epsilon_of(acc) <= self._limit()
+      try:
+        return acc.get_epsilon(self.delta, self.method) <= self._limit()
+      except UnsupportedEventError as err:
+        raise UnsupportedEventError(
+            f"PrivacyBudget(method={self.method!r}) cannot account this spend: {err} Build the "
+            "budget with that method or method='auto' (the smallest bound any method gives); "
+            "nothing was spent.") from None
     methods = ("pure",) if self.delta == 0 else ("basic", "zcdp", "rdp", "pld")
     for method in methods:
       try:
@@ -710,12 +752,28 @@ class PrivacyBudget:
     trial = acc.copy()
     trial.spend(event, count)
     if not self._within_limit(trial):
-      total = self._epsilon_of(trial)
-      raise BudgetExceededError(
-          f"spending {count} x {event} would bring epsilon to {total:.6g} at delta={self.delta}, "
-          f"over the budget epsilon={self.epsilon}; nothing was spent "
-          f"(spent so far: {self._epsilon_of(acc):.6g}).")
+      asked = f"spending {count} x {_describe(event)}" if count != 1 else f"spending {_describe(event)}"
+      raise BudgetExceededError(self._refusal(acc, trial, asked))
     return trial
+
+  def _refusal(self, acc: PrivacyAccountant, trial: PrivacyAccountant, asked: str) -> str:
+    """What was asked, what it would bring epsilon to, what is spent and what remains."""
+    spent = self._epsilon_of(acc)
+    return (f"{asked} would bring epsilon to {self._epsilon_of(trial):.6g} at delta={self.delta} "
+            f"({self.method}), over the budget epsilon={self.epsilon:.6g}: spent so far "
+            f"{spent:.6g}, remaining {max(self.epsilon - spent, 0.0):.6g}; nothing was spent.")
+
+  def refusal_message(self, event: ev.DpEvent, asked: str, count: int = 1) -> str:
+    """The message of a refused spend of ``count`` x ``event``, for callers that check first.
+
+    ``asked`` says what needed the spend (e.g. ``"fitting PrivateLogisticRegression"``).
+    """
+    with self._lock:
+      self._refresh()
+      acc = self.accountant.copy()
+    trial = acc.copy()
+    trial.spend(event, count)
+    return self._refusal(acc, trial, f"{asked} ({_describe(event)})")
 
   def spend(self, event: ev.DpEvent, count: int = 1) -> None:
     """Spends ``count`` × ``event`` or raises BudgetExceededError (spending nothing).

@@ -273,7 +273,11 @@ class PrivateLinearClassifier(checks.SharedAccountantMixin, ClassifierMixin, Bas
     if self.accountant is not None and hasattr(self.accountant, "can_spend"):
       if not self.accountant.can_spend(event):
         from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
-        raise BudgetExceededError(f"fitting would exceed the privacy budget ({event}).")
+        asked = f"fitting {type(self).__name__}"
+        message = (self.accountant.refusal_message(event, asked)
+                   if hasattr(self.accountant, "refusal_message") else
+                   f"{asked} would exceed the privacy budget; nothing was spent.")
+        raise BudgetExceededError(message)
     key = _keys.fit_key(p["seed"], self._num_fits)
     self._num_fits += 1
     tol = 1e-6 if p["tol"] is None else p["tol"]
