@@ -11,7 +11,11 @@ bug found with the stated confidence.
 * :func:`audit_epsilon` / :class:`AuditReport` (``core``);
 * :func:`epsilon_lower_bound` on precomputed statistics;
 * worst-case neighbouring datasets and statistics (``cases``);
-* :func:`dpsgd_canary_audit`, the canary-gradient audit of DP-SGD (``canary``).
+* :func:`dpsgd_canary_audit`, the canary-gradient audit of DP-SGD (``canary``);
+* :func:`one_run_audit` / :func:`one_run_audit_fdp`, audits from ONE training run
+  (Steinke et al. 2023; Mahloujifar et al. 2024; ``one_run``), and
+  :func:`audit_dpsgd_run` / :func:`audit_training_run`, which mix canaries into a
+  real jaxdp run and audit it (``one_run_canaries``).
 """
 
 from jaxdp.audit.canary import CanaryAudit
@@ -36,11 +40,25 @@ from jaxdp.audit.core import histogram_epsilon_lower_bound
 from jaxdp.audit.core import epsilon_lower_bound
 from jaxdp.audit.core import make_trial_fn
 from jaxdp.audit.core import run_trials
+from jaxdp.audit.one_run import OneRunAuditResult
+from jaxdp.audit.one_run import one_run_audit
+from jaxdp.audit.one_run import one_run_audit_fdp
+from jaxdp.audit.one_run_canaries import OneRunRunAudit
+from jaxdp.audit.one_run_canaries import audit_dpsgd_run
+from jaxdp.audit.one_run_canaries import audit_training_run
+from jaxdp.audit.one_run_canaries import mislabelled_canaries
 
 __all__ = [
     "AuditReport",
     "CanaryAudit",
     "NeighbouringPair",
+    "OneRunAuditResult",
+    "OneRunRunAudit",
+    "audit_dpsgd_run",
+    "audit_training_run",
+    "mislabelled_canaries",
+    "one_run_audit",
+    "one_run_audit_fdp",
     "audit_epsilon",
     "canary_mechanism",
     "clopper_pearson_lower",
