@@ -61,6 +61,23 @@ chunks of size P, a ``lax.while_loop`` over the chunks). With a mesh each
 device clips its own selected rows (a hypergeometric count, processed in full,
 never truncated) and the sums are ``psum``-reduced; the noise is added once
 outside, as in :mod:`.device_sampling`.
+
+Other parts of a plan with fixed-size batches (derivations in the docstrings named; all
+replace-one):
+
+* **Adaptive clip norm** (Andrew et al. 2021, Thm 1): :func:`adaptive_dpsgd_event`. Under
+  replace-one both sensitivities double (gradient 2, centred count 1), so the joint
+  multiplier of the add/remove split is the replace-one multiplier too: the step is
+  fixed-size DP-SGD at the joint sigma, the event :meth:`FixedSizeSampler.event` already
+  gives.
+* **Correlated noise** (BandMF, BLT, ColumnNormalizedBanded): no amplification theorem for
+  more than one band (fixed-size selection gives no minimum separation); the unamplified
+  matrix-mechanism analysis with every unit in up to all n steps,
+  :meth:`FixedSizeSampler.mf_event` (:func:`jaxdp.dpsgd.correlated.accounting.fixed_size_mf_event`).
+* **Per-layer clipping / ``microbatch_size``**: no change to the event. Per-layer clipping's
+  sum has add/remove sensitivity ``sqrt(sum_g C_g^2)`` (its ``.sensitivity``), so replace-one
+  ``2 sqrt(sum_g C_g^2)``, and sigma is relative to it exactly as for a flat C;
+  ``microbatch_size`` only processes the same per-example clipped sum in chunks (memory).
 """
 
 from __future__ import annotations
@@ -191,22 +208,43 @@ def local_padded_size(num_examples: int, batch_size: int, num_shards: int,
   return max(k, 1)
 
 
-def clipped_sum_fn(grad_fn: Callable[..., Any], *, num_examples: int, batch_size: int,
-                   padded_size: int, mesh: Any = None) -> Callable[..., Any]:
-  """``(params, step_key, arrays) -> (grad_sum, stats)``: select the B-subset in jit, clip, sum.
+def clipped_sum_fn(grad_fn: Callable[..., Any] | None, *, num_examples: int, batch_size: int,
+                   padded_size: int, mesh: Any = None,
+                   make_grad_fn: Callable[[jax.Array], Callable[..., Any]] | None = None
+                   ) -> Callable[..., Any]:
+  """``(params, step_key, arrays, *, clip_norm) -> (grad_sum, stats)``: select the B-subset in jit, clip, sum.
 
   The fixed-size twin of :func:`.device_sampling.clipped_sum_fn` (same
   arguments, same outputs, same data layout: N rows without ``mesh``, ``N_pad``
   rows sharded ``P("data")`` with it; :func:`.device_sampling.place_data`).
-  ``grad_fn`` is a :func:`~jaxdp.dpsgd.clipped_grad` function; ``stats`` are
-  the NON-PRIVATE ``(loss_sum, num_examples, num_clipped)``. Traceable.
+  ``grad_fn`` is a :func:`~jaxdp.dpsgd.clipped_grad` function; or, for a clip
+  norm that changes every step (adaptive clipping), ``make_grad_fn``
+  (``clip_norm -> grad_fn``, e.g. ``lambda c: adaptive_clipped_grad(loss, c)``)
+  and then every call passes ``clip_norm=`` (traced). ``stats`` are the
+  NON-PRIVATE ``(loss_sum, num_examples, num_clipped)``. Traceable.
   """
+  if (grad_fn is None) == (make_grad_fn is None):
+    raise ValueError("give exactly one of grad_fn (a fixed clip norm) or make_grad_fn (a clip "
+                     "norm per step).")
   n, b = check_fixed_size(num_examples, batch_size)
   padded_size = _validation.check_positive_int(padded_size, "padded_size")
+
+  def grad_fn_for(clip_norm):
+    if make_grad_fn is None:
+      if clip_norm is not None:
+        raise ValueError("clip_norm is only accepted with make_grad_fn (a fixed-clip grad_fn "
+                         "clips to its own norm).")
+      return grad_fn
+    if clip_norm is None:
+      raise ValueError("clip_norm is required: this clipped sum builds its clipped gradient "
+                       "function from the clip norm of the step (make_grad_fn).")
+    return make_grad_fn(clip_norm)
+
   if mesh is None:
-    def fn(params, step_key, arrays):
+    def fn(params, step_key, arrays, *, clip_norm=None):
+      step_grad_fn = grad_fn_for(clip_norm)
       keep = inclusion_mask(step_key, n, b, n)
-      return device_sampling.local_clipped_sum(grad_fn, params, keep, arrays, padded_size)
+      return device_sampling.local_clipped_sum(step_grad_fn, params, keep, arrays, padded_size)
     return fn
 
   _check_mesh(mesh)
@@ -214,19 +252,76 @@ def clipped_sum_fn(grad_fn: Callable[..., Any], *, num_examples: int, batch_size
   rows = device_sampling.padded_num_rows(n, mesh.shape[axis])
   row_sharding = NamedSharding(mesh, P(axis))
 
-  def local(params, keep, arrays):
-    gsum, (loss, num, clipped) = device_sampling.local_clipped_sum(grad_fn, params, keep, arrays,
-                                                                   padded_size)
+  def local(params, keep, arrays, *clip):
+    step_grad_fn = grad_fn_for(clip[0] if clip else None)
+    gsum, (loss, num, clipped) = device_sampling.local_clipped_sum(step_grad_fn, params, keep,
+                                                                   arrays, padded_size)
     psum = lambda v: jax.lax.psum(v, axis)
     return jax.tree.map(psum, gsum), (psum(loss), psum(num), psum(clipped))
 
-  def fn(params, step_key, arrays):
+  def fn(params, step_key, arrays, *, clip_norm=None):
+    grad_fn_for(clip_norm)  # the argument check, before tracing the map
     keep = jax.lax.with_sharding_constraint(inclusion_mask(step_key, n, b, rows), row_sharding)
-    mapped = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis), P(axis)),
+    clip = () if clip_norm is None else (jnp.asarray(clip_norm),)  # replicated, like params
+    mapped = jax.shard_map(local, mesh=mesh, in_specs=(P(), P(axis), P(axis)) + (P(),) * len(clip),
                            out_specs=(P(), (P(), P(), P())), check_vma=False)
-    return mapped(params, keep, arrays)
+    return mapped(params, keep, arrays, *clip)
 
   return fn
+
+
+def _mf_accounting():
+  from jaxdp.dpsgd.correlated import accounting  # pylint: disable=g-import-not-at-top
+  return accounting
+
+
+def adaptive_dpsgd_event(num_examples: int, batch_size: int, *, gradient_noise_multiplier: float,
+                         count_noise_multiplier: float, steps: int = 1, num_counts: int = 1,
+                         neighbouring: str = events.REPLACE_ONE,
+                         unit: str = events.DEFAULT_UNIT) -> events.DpEvent:
+  """Event of fixed-size DP-SGD with adaptive clipping, from its parts (sigma_Delta, sigma_b).
+
+  One step releases (Andrew et al. 2021, Algorithm 1; :mod:`jaxdp.dpsgd.adaptive_clipping`)
+
+    ( sum_{i in S} gbar_i + N(0, sigma_Delta^2 I),  sum_{i in S} (b_i - 1/2) + N(0, sigma_b^2 I_G) )
+
+  for a uniform B-subset S, with ``gbar_i`` example i's gradient clipped to C_t and divided
+  by C_t (norm <= 1; C_t public, from earlier releases) and ``b_i in {0, 1}^G`` its unclipped
+  indicators (G = ``num_counts`` clip groups; 1 for flat clipping).
+
+  Derivation (replace-one). Replacing example i by i' (same index, so the same S) moves the
+  gradient block by ``gbar_i - gbar_i'`` (norm <= 2) and each count by ``b - b'`` in
+  ``{-1, 0, 1}``. Whitening (divide each block by its noise std; invertible) makes the release
+  an isotropic unit Gaussian whose mean moves by a vector of squared norm at most
+  ``4 / sigma_Delta^2 + G / sigma_b^2 = 4 (sigma_Delta^-2 + G (2 sigma_b)^-2) = 4 / sigma^2``,
+  ``sigma = joint_noise_multiplier(sigma_Delta, sigma_b, participations=G)`` (Andrew et al.
+  2021, Thm 1: the add/remove sensitivities are 1 and 1/2, whose whitened norm is 1/sigma;
+  replace-one doubles BOTH, so the ratio, hence the split, is unchanged). Equivalently the
+  whitened step IS a fixed-size DP-SGD step on ``d + G`` coordinates whose per-example vector
+  ``w_i = (gbar_i / sigma_Delta, (b_i - 1/2) / sigma_b)`` has norm <= ``1 / sigma`` under unit
+  noise, i.e. noise multiplier sigma; the guarantee of fixed-size DP-SGD holds for any
+  per-example vectors in that ball (the unclipped gradient is arbitrary), so it covers
+  ``w_i``. Its event is :func:`jaxdp.accounting.dpsgd_accounting.fixed_size_dpsgd_event`
+  ``(sigma, N, B, steps)``: ``SelfComposed(SampledWithoutReplacement(N, B, Gaussian(sigma / 2,
+  replace_one)), steps)`` (Wang, Balle & Kasiviswanathan 2019, Thms 9/27, whose bound depends
+  on the base mechanism's Renyi curve ``alpha / (2 (sigma / 2)^2)`` only). Adaptive choice of
+  C_t is covered by adaptive composition of RDP.
+
+  Raises:
+    ValueError: ``neighbouring="add_remove"`` (a fixed-size batch is analysed for replace-one
+      only: add/remove changes N and the law of S), a count noise too small for any split,
+      or bad arguments.
+  """
+  from jaxdp.dpsgd import adaptive_clipping  # pylint: disable=g-import-not-at-top
+  n, b = check_fixed_size(num_examples, batch_size)
+  if events.check_neighbouring(neighbouring) != events.REPLACE_ONE:
+    raise ValueError("fixed-size batches with an adaptive clip norm are analysed for "
+                     "neighbouring='replace_one' only (N is public; add/remove would change N "
+                     "and the law of the B-subset), got neighbouring='add_remove'.")
+  sigma_delta = _validation.check_positive(gradient_noise_multiplier, "gradient_noise_multiplier")
+  sigma = adaptive_clipping.joint_noise_multiplier(sigma_delta, count_noise_multiplier,
+                                                   participations=num_counts)
+  return dpsgd_accounting.fixed_size_dpsgd_event(sigma, n, b, steps, unit=unit)
 
 
 class FixedSizeSampler:
@@ -311,13 +406,17 @@ class FixedSizeSampler:
     """:func:`.device_sampling.place_data` for N rows (device-resident path)."""
     return device_sampling.place_data(arrays, self.num_examples, mesh)
 
-  def device_clipped_sum_fn(self, grad_fn: Callable[..., Any], *, mesh: Any = None,
+  def device_clipped_sum_fn(self, grad_fn: Callable[..., Any] | None = None, *, mesh: Any = None,
                             physical_batch_size: int | None = None,
-                            overflow_prob: float = 1e-9) -> Callable[..., Any]:
+                            overflow_prob: float = 1e-9,
+                            make_grad_fn: Callable[[jax.Array], Callable[..., Any]] | None = None
+                            ) -> Callable[..., Any]:
     """:func:`clipped_sum_fn` for this sampler (P per shard: :func:`local_padded_size`).
 
     Without ``mesh`` and ``physical_batch_size`` the chunk size is this
-    sampler's P, so host and device process the same chunks.
+    sampler's P, so host and device process the same chunks. ``make_grad_fn``
+    instead of ``grad_fn``: a clip norm per step (adaptive clipping; calls pass
+    ``clip_norm=``).
     """
     _check_mesh(mesh)
     shards = 1 if mesh is None else mesh.shape[device_sampling.DATA_AXIS]
@@ -327,12 +426,71 @@ class FixedSizeSampler:
       padded = local_padded_size(self.num_examples, self.batch_size, shards,
                                  physical_batch_size, overflow_prob)
     return clipped_sum_fn(grad_fn, num_examples=self.num_examples, batch_size=self.batch_size,
-                          padded_size=padded, mesh=mesh)
+                          padded_size=padded, mesh=mesh, make_grad_fn=make_grad_fn)
+
+  # -- the other parts of a plan: adaptive clipping, correlated noise (module docstring) --------
+
+  def adaptive_event(self, gradient_noise_multiplier: float, count_noise_multiplier: float,
+                     steps: int = 1, *, num_counts: int = 1,
+                     neighbouring: str = events.REPLACE_ONE,
+                     unit: str = events.DEFAULT_UNIT) -> events.DpEvent:
+    """:func:`adaptive_dpsgd_event` for this sampler's N and B."""
+    return adaptive_dpsgd_event(self.num_examples, self.batch_size,
+                                gradient_noise_multiplier=gradient_noise_multiplier,
+                                count_noise_multiplier=count_noise_multiplier, steps=steps,
+                                num_counts=num_counts, neighbouring=neighbouring, unit=unit)
+
+  def adaptive_gradient_noise_multiplier(self, noise_multiplier: float,
+                                         count_noise_multiplier: float, *,
+                                         num_counts: int = 1, noise_strategy: Any = None,
+                                         steps: int | None = None) -> float:
+    """sigma_Delta that makes gradient and counts together cost ``noise_multiplier`` sigma.
+
+    Independent noise: :func:`~jaxdp.dpsgd.adaptive_clipping.gradient_noise_multiplier`
+    ``(sigma, sigma_b, participations=G)`` (the replace-one split equals the add/remove one:
+    :func:`adaptive_dpsgd_event`). With ``noise_strategy`` (and ``steps``, the run's n):
+    :func:`jaxdp.dpsgd.correlated.accounting.fixed_size_adaptive_gradient_noise_multiplier`.
+    """
+    if noise_strategy is None:
+      from jaxdp.dpsgd import adaptive_clipping  # pylint: disable=g-import-not-at-top
+      return adaptive_clipping.gradient_noise_multiplier(noise_multiplier, count_noise_multiplier,
+                                                         participations=num_counts)
+    if steps is None:
+      raise ValueError("steps (the run's number of steps n) is required with noise_strategy.")
+    return _mf_accounting().fixed_size_adaptive_gradient_noise_multiplier(
+        noise_strategy, noise_multiplier=noise_multiplier,
+        count_noise_multiplier=count_noise_multiplier, num_steps=steps,
+        num_examples=self.num_examples, batch_size=self.batch_size, num_counts=num_counts)
+
+  def mf_event(self, strategy: Any, noise_multiplier: float, steps: int, *,
+               unit: str = events.DEFAULT_UNIT,
+               neighbouring: str = events.REPLACE_ONE) -> events.DpEvent:
+    """The whole correlated-noise run's event: :func:`jaxdp.dpsgd.correlated.accounting.fixed_size_mf_event`."""
+    return _mf_accounting().fixed_size_mf_event(
+        strategy, noise_multiplier=noise_multiplier, num_steps=steps,
+        num_examples=self.num_examples, batch_size=self.batch_size, unit=unit,
+        neighbouring=neighbouring)
+
+  def mf_epsilon(self, strategy: Any, noise_multiplier: float, steps: int, delta: float,
+                 accountant: str = "rdp") -> float:
+    """Replace-one epsilon of :meth:`mf_event` (:func:`~jaxdp.dpsgd.correlated.accounting.fixed_size_mf_epsilon`)."""
+    return _mf_accounting().fixed_size_mf_epsilon(
+        strategy, noise_multiplier=noise_multiplier, num_steps=steps,
+        num_examples=self.num_examples, batch_size=self.batch_size, delta=delta,
+        accountant=accountant)
+
+  def calibrate_mf_noise_multiplier(self, strategy: Any, target_epsilon: float, delta: float,
+                                    steps: int, accountant: str = "rdp",
+                                    tol: float = 1e-4) -> float:
+    """Smallest sigma meeting ``(target_epsilon, delta)`` for :meth:`mf_event`."""
+    return _mf_accounting().calibrate_fixed_size_mf_noise_multiplier(
+        target_epsilon, delta, strategy, num_steps=steps, num_examples=self.num_examples,
+        batch_size=self.batch_size, accountant=accountant, tol=tol)
 
   def __repr__(self) -> str:
     return (f"FixedSizeSampler(num_examples={self.num_examples}, batch_size={self.batch_size}, "
             f"padded_size={self.padded_size})")
 
 
-__all__ = ["FixedSizeSampler", "check_fixed_size", "clipped_sum_fn", "inclusion_mask",
+__all__ = ["FixedSizeSampler", "adaptive_dpsgd_event", "check_fixed_size", "clipped_sum_fn", "inclusion_mask",
            "local_padded_size", "sample_indices"]

@@ -62,6 +62,18 @@ Host and device paths, the same batch for the same key:
   :func:`~jaxdp.dpsgd.device_sampling.clipped_sum_fn` over the U "rows" (users):
   the same inclusion words (partitionable Threefry: user u's word depends on
   the key and u only, on any mesh), the same chunking.
+
+Other parts of a user-level plan (derivations in the docstrings named):
+
+* **Adaptive clip norm** (Andrew et al. 2021, whose Algorithm 1 and Thm 1 are stated for
+  user-level DP with users sampled each round): :func:`adaptive_user_clipped_grad` and
+  :meth:`UserPoissonSampler.adaptive_event`; the event is DP-SGD's at the joint multiplier,
+  unit ``"user"``, under add/remove or replace-one.
+* **Correlated noise**: :meth:`UserPoissonSampler.mf_event`, the correlated module's
+  :func:`~jaxdp.dpsgd.correlated.mf_event` at ``min_separation=1`` and the user rate q.
+* **Per-layer clipping** (no user-level implementation here; the analysis would be the
+  flat one with C replaced by ``sqrt(sum_g C_g^2)``) and ``microbatch_size`` (memory only:
+  the chunk size P of user slots, ``padded_size``, already bounds the memory of a step).
 """
 
 from __future__ import annotations
@@ -205,20 +217,21 @@ class UserClippedGradFn:
   """Callable returned by :func:`user_clipped_grad`; see that function.
 
   Attributes:
-    sensitivity: ``l2_clip_norm``: the L2 sensitivity of the sum of per-user
-      clipped gradients under add/remove of one user.
-    l2_clip_norm, reduction, batch_argnums: as given.
+    sensitivity: the L2 sensitivity of the sum of per-user clipped gradients
+      under add/remove of one user: ``l2_clip_norm``, or 1 for
+      :func:`adaptive_user_clipped_grad` (units of C_t).
+    l2_clip_norm, reduction, batch_argnums: as given (adaptive: C_t).
     per_layer: False; microbatch_size: None (for ``make_private``'s checks).
   """
 
   per_layer = False
   microbatch_size = None
 
-  def __init__(self, fn: Callable[..., Any], l2_clip_norm: float, reduction: str,
-               batch_argnums: tuple[int, ...]):
+  def __init__(self, fn: Callable[..., Any], sensitivity: float, reduction: str,
+               batch_argnums: tuple[int, ...], l2_clip_norm: Any = None):
     self._fn = fn
-    self.sensitivity = l2_clip_norm
-    self.l2_clip_norm = l2_clip_norm
+    self.sensitivity = sensitivity
+    self.l2_clip_norm = sensitivity if l2_clip_norm is None else l2_clip_norm
     self.reduction = reduction
     self.batch_argnums = batch_argnums
 
@@ -273,6 +286,55 @@ def user_clipped_grad(loss_fn: Callable[..., Any], *, l2_clip_norm: float,
     one example (slots with a non-finite ``g_u`` included, contributing 0).
   """
   c = _validation.check_positive(l2_clip_norm, "l2_clip_norm", allow_inf=True)
+  fn, reduction, batch_argnums = _build_user_clipped_grad(
+      loss_fn, clip=c, unit_inverse=None, batch_argnums=batch_argnums, reduction=reduction)
+  return UserClippedGradFn(fn, c, reduction, batch_argnums)
+
+
+def adaptive_user_clipped_grad(loss_fn: Callable[..., Any], clip_norm: Any, *,
+                               batch_argnums: int | Sequence[int] = 1,
+                               reduction: str = "mean") -> UserClippedGradFn:
+  """Sum over users of ``clip_C(g_u) / C``: user-level adaptive clipping (sensitivity 1).
+
+  The user-level twin of :func:`jaxdp.dpsgd.adaptive_clipping.adaptive_clipped_grad`
+  (Andrew et al. 2021, Algorithm 1, which is stated for user-level DP in federated
+  learning: each sampled user contributes one clipped update and one bit). ``clip_norm``
+  is C_t (a traced float32 scalar inside the step, e.g. ``current_clip_norm(state)``; a
+  concrete one must be a positive normal float32). Returns ``(grad_sum, info)`` with
+
+    grad_sum = sum_u (g_u / C) min(1, C / ||g_u||),
+
+  ``g_u`` as in :func:`user_clipped_grad` (the gradient of user u's reduced loss), clipped
+  FIRST and then divided by C without forming ``g_u / C`` for a huge ``g_u``
+  (:func:`jaxdp.dpsgd.clipping.clip_groups` with ``unit_inverse``), so every contribution
+  has norm <= 1: ``.sensitivity`` is 1 under add/remove of one user (2 under replace-one).
+  ``info`` (NON-PRIVATE, user units): ``num_examples`` = users present,
+  ``num_clipped`` = present users whose ``g_u`` was scaled down OR is not finite (it then
+  contributes zero and counts as clipped, the rule of :mod:`jaxdp.dpsgd.clipping`), so
+  ``centered_unclipped_count(info.num_examples, info.num_clipped) = sum_u (b_u - 1/2)``
+  with ``b_u = 1[user u unclipped]`` a function of user u's data alone: it moves by 1/2
+  when a user is added or removed, by at most 1 when one is replaced. ``loss_sum`` and
+  ``per_example_norms`` are in units of C, as for the example-level function.
+  """
+  if not _validation._is_tracer(clip_norm):  # pylint: disable=protected-access
+    c = _validation.check_positive(float(np.asarray(clip_norm)), "clip_norm")
+    tiny, big = float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max)
+    if not tiny <= c <= big:  # 1 / C and C * noise are formed in float32
+      raise ValueError(f"clip_norm must be a positive normal float32 (in [{tiny:.4g}, "
+                       f"{big:.4g}]), got {c!r}.")
+  unit = jnp.asarray(clip_norm, jnp.float32)
+  fn, reduction, batch_argnums = _build_user_clipped_grad(
+      loss_fn, clip=1.0, unit_inverse=1.0 / unit, batch_argnums=batch_argnums,
+      reduction=reduction)
+  return UserClippedGradFn(fn, 1.0, reduction, batch_argnums, l2_clip_norm=clip_norm)
+
+
+def _build_user_clipped_grad(loss_fn: Callable[..., Any], *, clip: float, unit_inverse: Any,
+                             batch_argnums: Any, reduction: str):
+  """``(fn, reduction, batch_argnums)`` of :func:`user_clipped_grad` (``unit_inverse=None``)
+  or :func:`adaptive_user_clipped_grad` (``unit_inverse = 1 / C_t``, ``clip = 1``)."""
+  c = clip
+  adaptive = unit_inverse is not None
   if reduction not in ("mean", "sum"):
     raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}.")
   if isinstance(batch_argnums, (int, np.integer)) and not isinstance(batch_argnums, bool):
@@ -302,11 +364,14 @@ def user_clipped_grad(loss_fn: Callable[..., Any], *, l2_clip_norm: float,
     # One clip group: the float32-safe clip of clipping.clip_groups (power-of-two scaled, so a
     # huge finite g_u is clipped correctly; a non-finite one gives zeros and finite=False).
     clipped, norm, was_scaled, _, finite = clipping.clip_groups(
-        leaves, [list(range(len(leaves)))], [c])
+        leaves, [list(range(len(leaves)))], [c], unit_inverse)
     present = jnp.any(m)
     ok = present & finite
     # Value-level selection (not differentiated): an absent or non-finite g_u is exactly 0.
     clipped = jax.tree.unflatten(treedef, [jnp.where(ok, v, jnp.zeros_like(v)) for v in clipped])
+    if adaptive:  # units of C_t; a non-finite g_u counts as clipped (was_scaled includes it)
+      return (clipped, jnp.where(ok, value * unit_inverse, 0.0),
+              jnp.where(ok, norm * unit_inverse, 0.0), present & was_scaled, present)
     return (clipped, jnp.where(ok, value, 0.0), jnp.where(ok, norm, 0.0), ok & was_scaled,
             present)
 
@@ -345,7 +410,12 @@ def user_clipped_grad(loss_fn: Callable[..., Any], *, l2_clip_norm: float,
                            num_examples=jnp.sum(present.astype(jnp.float32)), aux=None)
     return gsum, info
 
-  return UserClippedGradFn(fn, c, reduction, batch_argnums)
+  return fn, reduction, batch_argnums
+
+
+def _mf_accounting():
+  from jaxdp.dpsgd.correlated import accounting  # pylint: disable=g-import-not-at-top
+  return accounting
 
 
 class UserPoissonSampler:
@@ -462,17 +532,24 @@ class UserPoissonSampler:
     arrays = tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
     return device_sampling.place_data(self.user_major(*arrays), self.num_users, mesh)
 
-  def device_clipped_sum_fn(self, user_grad_fn: Callable[..., Any], *, mesh: Any = None,
-                            physical_batch_size: int | None = None,
-                            overflow_prob: float = 1e-9) -> Callable[..., Any]:
-    """``(params, step_key, placed) -> (grad_sum, stats)``: sample users in jit, clip, sum.
+  def device_clipped_sum_fn(self, user_grad_fn: Callable[..., Any] | None = None, *,
+                            mesh: Any = None, physical_batch_size: int | None = None,
+                            overflow_prob: float = 1e-9,
+                            make_grad_fn: Callable[[jax.Array], Callable[..., Any]] | None = None
+                            ) -> Callable[..., Any]:
+    """``(params, step_key, placed, *, clip_norm) -> (grad_sum, stats)``: sample users in jit, clip, sum.
 
     ``placed`` is :meth:`place_data`'s output; ``user_grad_fn`` a
-    :func:`user_clipped_grad` function. The users sampled are those of
+    :func:`user_clipped_grad` function, or ``make_grad_fn`` (``clip_norm -> user_grad_fn``,
+    e.g. ``lambda c: adaptive_user_clipped_grad(loss, c)``) for a clip norm per step, passed
+    as ``clip_norm=`` to every call. The users sampled are those of
     :meth:`sample` for the same key (module docstring); ``stats`` are the
     NON-PRIVATE ``(loss_sum, num_users, num_clipped)``. Without ``mesh`` and
     ``physical_batch_size`` the chunk size is this sampler's P.
     """
+    if (user_grad_fn is None) == (make_grad_fn is None):
+      raise ValueError("give exactly one of user_grad_fn (a fixed clip norm) or make_grad_fn (a "
+                       "clip norm per step).")
     if mesh is not None and device_sampling.DATA_AXIS not in mesh.axis_names:
       raise ValueError(f"mesh must have an axis named {device_sampling.DATA_AXIS!r}, got "
                        f"{mesh.axis_names}.")
@@ -483,14 +560,106 @@ class UserPoissonSampler:
       padded = device_sampling.local_padded_size(self.num_users, self.sample_rate, shards,
                                                  physical_batch_size, overflow_prob)
 
-    def adapter(params, masked):
-      *data, example_mask = masked.arrays
-      mask = jnp.asarray(example_mask, bool) & (jnp.asarray(masked.mask) > 0)[:, None]
-      return user_grad_fn(params, MaskedBatch(tuple(data), mask))
+    def adapter_for(grad_fn):
+      def adapter(params, masked):
+        *data, example_mask = masked.arrays
+        mask = jnp.asarray(example_mask, bool) & (jnp.asarray(masked.mask) > 0)[:, None]
+        return grad_fn(params, MaskedBatch(tuple(data), mask))
+      return adapter
 
-    return device_sampling.clipped_sum_fn(adapter, num_examples=self.num_users,
+    if make_grad_fn is not None:
+      return device_sampling.clipped_sum_fn(
+          None, num_examples=self.num_users, sample_rate=self.sample_rate, padded_size=padded,
+          mesh=mesh, make_grad_fn=lambda c: adapter_for(make_grad_fn(c)))
+    return device_sampling.clipped_sum_fn(adapter_for(user_grad_fn), num_examples=self.num_users,
                                           sample_rate=self.sample_rate, padded_size=padded,
                                           mesh=mesh)
+
+  # -- the other parts of a plan: adaptive clipping, correlated noise (module docstring) --------
+
+  def adaptive_event(self, gradient_noise_multiplier: float, count_noise_multiplier: float,
+                     steps: int = 1, *, num_counts: int = 1,
+                     neighbouring: str = events.ADD_REMOVE) -> events.DpEvent:
+    """User-level DP-SGD with adaptive clipping: its event from its parts (sigma_Delta, sigma_b).
+
+    One step releases ``(sum_{u in S} gbar_u + N(0, sigma_Delta^2 I), sum_{u in S} (b_u - 1/2)
+    + N(0, sigma_b^2 I_G))`` for a Poisson sample S of users (rate q), ``gbar_u`` user u's
+    update clipped to C_t and divided by C_t (:func:`adaptive_user_clipped_grad`), ``b_u``
+    its G unclipped bits. This is Andrew et al. 2021's own setting (Algorithm 1 and Thm 1
+    are stated for user-level DP in federated learning, users sampled each round, one
+    clipped update and one bit per user). Whitened, the step is Poisson-sampled DP-SGD
+    over users whose per-user vector ``(gbar_u / sigma_Delta, (b_u - 1/2) / sigma_b)`` has
+    norm <= ``sqrt(sigma_Delta^-2 + G (2 sigma_b)^-2) = 1 / sigma`` under unit noise:
+    add/remove of a user shifts one mixture component by at most ``1 / sigma``, replace-one
+    moves it by at most ``2 / sigma`` (both blocks double). So the event is
+    :meth:`event` at ``sigma = joint_noise_multiplier(sigma_Delta, sigma_b,
+    participations=G)``: ``PoissonSampled(q, Gaussian(sigma))`` (add/remove; RDP or PLD) or
+    ``PoissonSampled(q, Gaussian(sigma / 2))`` tagged replace-one (PLD), unit ``"user"``.
+    """
+    from jaxdp.dpsgd import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    sigma_delta = _validation.check_positive(gradient_noise_multiplier,
+                                             "gradient_noise_multiplier")
+    sigma = adaptive_clipping.joint_noise_multiplier(sigma_delta, count_noise_multiplier,
+                                                     participations=num_counts)
+    return self.event(sigma, steps, neighbouring=neighbouring)
+
+  def adaptive_gradient_noise_multiplier(self, noise_multiplier: float,
+                                         count_noise_multiplier: float, *,
+                                         num_counts: int = 1, noise_strategy: Any = None,
+                                         steps: int | None = None) -> float:
+    """sigma_Delta that makes gradient and counts together cost ``noise_multiplier`` sigma.
+
+    Independent noise: ``gradient_noise_multiplier(sigma, sigma_b, participations=G)``
+    (either relation: replace-one doubles both blocks). With ``noise_strategy`` (and
+    ``steps``): :func:`jaxdp.dpsgd.correlated.accounting.adaptive_gradient_noise_multiplier`
+    at ``min_separation=1``, ``sample_rate=q`` (G = 1 only: per-layer counts are not
+    implemented there).
+    """
+    from jaxdp.dpsgd import adaptive_clipping  # pylint: disable=g-import-not-at-top
+    if noise_strategy is None:
+      return adaptive_clipping.gradient_noise_multiplier(noise_multiplier, count_noise_multiplier,
+                                                         participations=num_counts)
+    if steps is None:
+      raise ValueError("steps (the run's number of steps n) is required with noise_strategy.")
+    if _validation.check_positive_int(num_counts, "num_counts") != 1:
+      raise ValueError("num_counts > 1 (per-layer adaptive counts) with noise_strategy has no "
+                       "implementation here; use one clip group.")
+    return _mf_accounting().adaptive_gradient_noise_multiplier(
+        noise_strategy, noise_multiplier=noise_multiplier,
+        count_noise_multiplier=count_noise_multiplier, num_steps=steps, min_separation=1,
+        sample_rate=self.sample_rate)
+
+  def mf_event(self, strategy: Any, noise_multiplier: float, steps: int, *,
+               neighbouring: str = events.ADD_REMOVE) -> events.DpEvent:
+    """A correlated-noise run over Poisson-sampled users: :func:`jaxdp.dpsgd.correlated.mf_event`.
+
+    ``mf_event(strategy, sigma, steps, min_separation=1, sample_rate=q, unit="user")``:
+    Poisson sampling of users at every step is the b = 1 case of cyclic Poisson sampling
+    (every user in the one group), so the correlated module's analysis applies verbatim
+    with the user as the unit: amplified (Choquette-Choo et al. 2023, Thm 4) for a
+    one-band strategy with q < 1, otherwise the deterministic Gaussian of the strategy's
+    sensitivity under (n, 1)-participation (a user may be sampled at every step; Denisov
+    et al. 2022, Thm 2.1), doubled for replace-one.
+    """
+    return _mf_accounting().mf_event(strategy, noise_multiplier=noise_multiplier, num_steps=steps,
+                                     min_separation=1, sample_rate=self.sample_rate,
+                                     unit=USER_UNIT, neighbouring=neighbouring)
+
+  def mf_epsilon(self, strategy: Any, noise_multiplier: float, steps: int, delta: float,
+                 accountant: str = "rdp", neighbouring: str = events.ADD_REMOVE) -> float:
+    """User-level epsilon of :meth:`mf_event` (:func:`jaxdp.dpsgd.correlated.mf_epsilon`)."""
+    return _mf_accounting().mf_epsilon(strategy, noise_multiplier=noise_multiplier,
+                                       num_steps=steps, min_separation=1,
+                                       sample_rate=self.sample_rate, delta=delta,
+                                       accountant=accountant, neighbouring=neighbouring)
+
+  def calibrate_mf_noise_multiplier(self, strategy: Any, target_epsilon: float, delta: float,
+                                    steps: int, accountant: str = "rdp", tol: float = 1e-4,
+                                    neighbouring: str = events.ADD_REMOVE) -> float:
+    """Smallest sigma meeting ``(target_epsilon, delta)`` for :meth:`mf_event`."""
+    return _mf_accounting().calibrate_mf_noise_multiplier(
+        target_epsilon, delta, strategy, num_steps=steps, min_separation=1,
+        sample_rate=self.sample_rate, accountant=accountant, tol=tol, neighbouring=neighbouring)
 
   def __repr__(self) -> str:
     return (f"UserPoissonSampler(num_users={self.num_users}, sample_rate={self.sample_rate}, "
@@ -499,4 +668,4 @@ class UserPoissonSampler:
 
 
 __all__ = ["USER_UNIT", "UserClippedGradFn", "UserPaddedBatch", "UserPoissonSampler",
-           "check_user_ids", "user_clipped_grad", "user_table"]
+           "adaptive_user_clipped_grad", "check_user_ids", "user_clipped_grad", "user_table"]

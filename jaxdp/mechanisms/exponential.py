@@ -97,7 +97,15 @@ def _scaled_scores(scores: Any, beta: Any) -> jax.Array:
   dtype = _common.float_dtype_of(scores)
   beta = _common.noise_scale_as(beta, dtype, round_up=False)  # never a larger beta than given
   # beta is a scalar or broadcastable to the batch shape scores.shape[:-1].
-  return beta[..., None] * scores.astype(dtype)
+  # The law softmax(beta * s) is invariant under s -> s - max(s): shifting by the largest
+  # finite score first keeps beta * s <= 0, so a huge but finite score cannot overflow to
+  # +inf (an output impossible on the neighbour). -inf (excluded) and NaN/+inf (refused, or
+  # -1 when traced) stay as they are.
+  x = scores.astype(dtype)
+  finite = jnp.isfinite(x)
+  top = jnp.max(jnp.where(finite, x, -jnp.inf), axis=-1, keepdims=True)
+  top = jnp.where(jnp.isfinite(top), top, 0.0).astype(dtype)
+  return beta[..., None] * jnp.where(finite, x - top, x)
 
 
 def exponential_mechanism(key: jax.Array, scores: Any, beta: Any) -> jax.Array:

@@ -13,6 +13,7 @@ from dp_accounting.pld import privacy_loss_distribution as pld
 
 from jaxdp.accounting.analytic_gaussian import analytic_gaussian_delta
 from jaxdp.dpsgd import adaptive_clipping as ac
+from jaxdp.dpsgd import adaptive_accounting, adaptive_clip_norm, adaptive_grad
 from jaxdp.dpsgd import clipping, transforms
 
 
@@ -521,4 +522,12 @@ def test_clip_norm_tracks_target_quantile_many(gamma, noisy):
 def test_module_docstring_example_runs():
   result = doctest.testmod(ac)
   assert result.attempted >= 15
+  assert result.failed == 0
+
+
+@pytest.mark.parametrize("module,least", [(adaptive_clip_norm, 2), (adaptive_accounting, 5),
+                                          (adaptive_grad, 1)])
+def test_split_module_doctests_run(module, least):
+  result = doctest.testmod(module)
+  assert result.attempted >= least
   assert result.failed == 0

@@ -17,7 +17,7 @@ from scipy import stats
 
 from jaxdp.accounting import PrivacyAccountant, dpsgd_accounting, events
 from jaxdp.accounting.accountant import UnsupportedEventError
-from jaxdp.dpsgd import clipped_grad
+from jaxdp.dpsgd import adaptive_clipping, clipped_grad, correlated
 from jaxdp.dpsgd.clipping import ClippedGradInfo
 from jaxdp.dpsgd import fixed_size_sampling as fss
 from jaxdp.errors import ArgumentTypeError
@@ -32,6 +32,117 @@ def _direct_rdp_epsilon(event, delta):
 
 
 # -- accounting ------------------------------------------------------------------------------------
+
+
+def _renyi_2d(alpha, mean_p, mean_q, stds):
+  """D_alpha(N(mean_p, diag(stds^2)) || N(mean_q, ...)) by quadrature on a 2-D grid (no formula)."""
+  from scipy import special  # pylint: disable=g-import-not-at-top
+  axes, logp, logq = [], 0.0, 0.0
+  for i, (mp, mq, s) in enumerate(zip(mean_p, mean_q, stds)):
+    grid = np.linspace(min(mp, mq) - 14 * s, max(mp, mq) + 14 * s, 501)
+    axes.append(grid)
+    shape = [1, 1]
+    shape[i] = -1
+    logp = logp + stats.norm.logpdf(grid, mp, s).reshape(shape)  # the 2-D grid by broadcasting
+    logq = logq + stats.norm.logpdf(grid, mq, s).reshape(shape)
+  cell = (axes[0][1] - axes[0][0]) * (axes[1][1] - axes[1][0])
+  return float((special.logsumexp(alpha * logp + (1 - alpha) * logq) + np.log(cell))
+               / (alpha - 1))
+
+
+def test_adaptive_split_replace_one_pair_has_the_renyi_curve_of_the_event():
+  # Andrew et al. 2021 Thm 1 under replace-one: the worst pair moves the normalised clipped
+  # gradient from +u to -u (distance 2; project on u, the other coordinates are identical) and
+  # the centred bit from +1/2 to -1/2 (distance 1). With sigma_Delta from the add/remove split
+  # the pair's Renyi divergence is that of Gaussian(sigma / 2), the event's inner Gaussian
+  # (dp_accounting's RDP of GaussianDpEvent(z) is alpha / (2 z^2)); add/remove gives sigma.
+  sigma, sigma_b = 1.2, 0.9
+  sd = adaptive_clipping.gradient_noise_multiplier(sigma, sigma_b)
+  event = fss.adaptive_dpsgd_event(100, 10, gradient_noise_multiplier=sd,
+                                   count_noise_multiplier=sigma_b)
+  z = event.event.event.noise_multiplier
+  assert z == pytest.approx(sigma / 2, rel=1e-9)
+  for alpha in (2.0, 5.0):
+    replace = _renyi_2d(alpha, (1.0, 0.5), (-1.0, -0.5), (sd, sigma_b))
+    assert replace == pytest.approx(alpha / (2 * z ** 2), rel=1e-6)
+    add_remove = _renyi_2d(alpha, (1.0, 0.5), (0.0, 0.0), (sd, sigma_b))
+    assert add_remove == pytest.approx(alpha / (2 * sigma ** 2), rel=1e-6)
+    assert replace == pytest.approx(4 * add_remove, rel=1e-6)  # both blocks double
+
+
+_ADAPTIVE = dict(n=2_000, b=50, t=40, sd=1.05, sigma_b=2.5, groups=3)
+
+
+def _adaptive_event_and_explicit_twin():
+  """The sampler's adaptive event and the dp_accounting event written out by hand."""
+  a = _ADAPTIVE
+  # Whitened replace-one sensitivity 2 sqrt(sd^-2 + G (2 sigma_b)^-2): Gaussian(joint / 2).
+  half_joint = 0.5 * (a["sd"] ** -2 + a["groups"] / (2 * a["sigma_b"]) ** 2) ** -0.5
+  explicit = dp_accounting.SelfComposedDpEvent(dp_accounting.SampledWithoutReplacementDpEvent(
+      a["n"], a["b"], dp_accounting.GaussianDpEvent(half_joint)), a["t"])
+  event = fss.FixedSizeSampler(a["n"], a["b"]).adaptive_event(a["sd"], a["sigma_b"], a["t"],
+                                                              num_counts=a["groups"])
+  return event, explicit
+
+
+def test_adaptive_event_is_the_fixed_size_event_at_the_joint_multiplier():
+  a = _ADAPTIVE
+  event, explicit = _adaptive_event_and_explicit_twin()
+  sigma = adaptive_clipping.joint_noise_multiplier(a["sd"], a["sigma_b"],
+                                                   participations=a["groups"])
+  assert event == dpsgd_accounting.fixed_size_dpsgd_event(sigma, a["n"], a["b"], a["t"])
+  assert events.leaf_tags(event) == {("replace_one", "example")}
+  inner = event.event
+  assert (inner.source_dataset_size, inner.sample_size, event.count) == (
+      explicit.event.source_dataset_size, explicit.event.sample_size, explicit.count)
+  assert inner.event.noise_multiplier == pytest.approx(explicit.event.event.noise_multiplier,
+                                                       rel=1e-12)
+  # The split inverts: the multiplier make_private calibrates gives back sigma_Delta.
+  sampler = fss.FixedSizeSampler(a["n"], a["b"])
+  assert sampler.adaptive_gradient_noise_multiplier(sigma, a["sigma_b"],
+                                                    num_counts=a["groups"]) == (
+      pytest.approx(a["sd"], rel=1e-9))
+
+
+@pytest.mark.slow
+def test_adaptive_event_epsilon_is_dp_accounting_of_the_explicit_event():
+  event, explicit = _adaptive_event_and_explicit_twin()
+  acc = PrivacyAccountant()
+  acc.spend(event)
+  assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(_direct_rdp_epsilon(explicit, 1e-5),
+                                                       rel=1e-12)
+
+
+def test_adaptive_event_refuses_add_remove_and_a_count_noise_too_small():
+  with pytest.raises(ValueError, match="replace_one"):
+    fss.adaptive_dpsgd_event(100, 10, gradient_noise_multiplier=1.0, count_noise_multiplier=5.0,
+                             neighbouring="add_remove")
+  sampler = fss.FixedSizeSampler(100, 10)
+  with pytest.raises(ValueError, match="count_noise_multiplier"):
+    sampler.adaptive_gradient_noise_multiplier(1.0, 0.4)  # 2 sigma_b <= sigma
+  with pytest.raises(ValueError, match="gradient_noise_multiplier"):
+    sampler.adaptive_event(0.0, 5.0)
+  with pytest.raises(ValueError, match="steps"):
+    sampler.adaptive_gradient_noise_multiplier(1.0, 5.0, noise_strategy=correlated.BandMF.dp_sgd())
+
+
+def test_correlated_noise_methods_are_the_fixed_size_mf_functions():
+  strategy = correlated.BandMF(np.array([1.0, 0.5]))
+  sampler = fss.FixedSizeSampler(400, 20)
+  event = sampler.mf_event(strategy, 4.0, 10)
+  assert event == correlated.accounting.fixed_size_mf_event(
+      strategy, noise_multiplier=4.0, num_steps=10, num_examples=400, batch_size=20)
+  assert sampler.mf_epsilon(strategy, 4.0, 10, 1e-5) == correlated.accounting.fixed_size_mf_epsilon(
+      strategy, noise_multiplier=4.0, num_steps=10, num_examples=400, batch_size=20, delta=1e-5)
+  sigma = sampler.calibrate_mf_noise_multiplier(strategy, 3.0, 1e-5, 10)
+  assert sampler.mf_epsilon(strategy, sigma, 10, 1e-5) <= 3.0
+  assert sampler.adaptive_gradient_noise_multiplier(4.0, 30.0, noise_strategy=strategy,
+                                                    steps=10) == (
+      correlated.accounting.fixed_size_adaptive_gradient_noise_multiplier(
+          strategy, noise_multiplier=4.0, count_noise_multiplier=30.0, num_steps=10,
+          num_examples=400, batch_size=20))
+  with pytest.raises(ValueError, match="replace_one"):
+    sampler.mf_event(strategy, 4.0, 10, neighbouring="add_remove")
 
 
 def test_event_epsilon_equals_dp_accounting_computed_directly():
@@ -181,6 +292,42 @@ def test_device_sum_is_over_exactly_the_host_subset_in_several_chunks():
     assert float(num) == b
 
 
+def _make_row_sum(clip):
+  """A stand-in for adaptive_clipped_grad(loss, clip): the row sum divided by the clip norm."""
+  def fn(params, masked):
+    g, info = _row_sum(params, masked)
+    return g / clip, info
+  return fn
+
+
+def test_device_sum_with_a_clip_norm_per_step_checks_its_arguments_before_tracing():
+  sampler = fss.FixedSizeSampler(40, 12, padded_size=5)
+  placed, key = sampler.place_data((np.ones((40, 2), np.float32),)), jax.random.key(0)
+  with pytest.raises(ValueError, match="clip_norm is required"):
+    sampler.device_clipped_sum_fn(make_grad_fn=_make_row_sum)(jnp.float32(1.0), key, placed)
+  with pytest.raises(ValueError, match="only accepted with make_grad_fn"):
+    sampler.device_clipped_sum_fn(_row_sum)(jnp.float32(1.0), key, placed, clip_norm=1.0)
+  with pytest.raises(ValueError, match="exactly one"):
+    sampler.device_clipped_sum_fn(_row_sum, make_grad_fn=_make_row_sum)
+  with pytest.raises(ValueError, match="exactly one"):
+    sampler.device_clipped_sum_fn()
+
+
+@pytest.mark.slow
+def test_device_sum_with_a_clip_norm_per_step_builds_the_grad_fn_from_it():
+  n, b, p = 40, 12, 5
+  x = np.arange(n, dtype=np.float32)[:, None] * np.array([[1.0, 10.0]], np.float32)
+  sampler = fss.FixedSizeSampler(n, b, padded_size=p)
+  make = _make_row_sum
+  adaptive = jax.jit(lambda w, k, d, c: sampler.device_clipped_sum_fn(make_grad_fn=make)(
+      w, k, d, clip_norm=c))
+  placed, key = sampler.place_data((x,)), jax.random.key(5)
+  got, (_, num, _) = adaptive(jnp.float32(1.0), key, placed, jnp.float32(4.0))
+  host = x[fss.sample_indices(key, n, b)].sum(0)
+  np.testing.assert_allclose(np.asarray(got) * 4.0, host, rtol=1e-6)
+  assert float(num) == b
+
+
 @pytest.mark.slow
 def test_clipped_sum_host_chunks_equal_device_path():
   rng = np.random.default_rng(0)
@@ -244,6 +391,17 @@ _MESH_SCRIPT = textwrap.dedent("""
         w, key, s.place_data((x, y), mesh))
     np.testing.assert_allclose(np.asarray(one[0]), np.asarray(two[0]), rtol=1e-5, atol=1e-6)
     assert float(two[1][1]) == b
+    # Adaptive clipping: the clip norm of the step enters every shard (make_grad_fn).
+    from jaxdp.dpsgd import adaptive_clipping as ac
+    make = lambda c: ac.adaptive_clipped_grad(lambda w, xi, yi: (xi @ w - yi) ** 2, c,
+                                              batch_argnums=(1, 2), method="vmap")
+    c = jnp.float32(0.5)
+    three = jax.jit(lambda w, k, d, c: s.device_clipped_sum_fn(
+        make_grad_fn=make, mesh=mesh, physical_batch_size=8)(w, k, d, clip_norm=c))(
+            w, key, s.place_data((x, y), mesh), c)
+    np.testing.assert_allclose(np.asarray(three[0]) * 0.5, np.asarray(one[0]), rtol=1e-5,
+                               atol=1e-6)
+    assert float(three[1][1]) == b
     print("OK")
 """)
 

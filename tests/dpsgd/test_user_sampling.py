@@ -162,6 +162,117 @@ def test_event_is_dpsgd_at_the_user_rate_with_unit_user():
       ("replace_one", "user")}
 
 
+# -- adaptive clipping and correlated noise with user-level sampling ----------------------------------
+
+
+def test_adaptive_user_clip_is_the_user_clip_in_units_of_c_with_centred_counts():
+  rng = np.random.default_rng(5)
+  ids = np.array([0, 0, 0, 1, 2, 2, 3])
+  x = rng.normal(size=(7, 3)).astype(np.float32)
+  y = rng.normal(size=(7,)).astype(np.float32)
+  w = np.array([0.3, -0.2, 0.1], np.float32)
+  g = _np_grad(w.astype(np.float64), x, y)
+  gu = [g[ids == u].mean(0) for u in range(4)]
+  c = float(np.median([np.linalg.norm(v) for v in gu]))  # some users clipped, some not
+  fn = jax.jit(lambda w, batch, c: us.adaptive_user_clipped_grad(
+      _sq_loss, c, batch_argnums=(1, 2))(w, batch))
+  gsum, info = fn(jnp.asarray(w), _batch(x, y, ids, 3), jnp.float32(c))
+  want = sum(v * min(1.0, c / np.linalg.norm(v)) for v in gu) / c
+  np.testing.assert_allclose(np.asarray(gsum), want, rtol=1e-4, atol=1e-6)
+  clipped = sum(np.linalg.norm(v) > c for v in gu)
+  assert int(info.num_clipped) == clipped and float(info.num_examples) == 4
+  np.testing.assert_allclose(np.asarray(info.per_example_norms),
+                             [np.linalg.norm(v) / c for v in gu], rtol=1e-4)
+  assert us.adaptive_user_clipped_grad(_sq_loss, 0.5).sensitivity == 1.0
+  # A non-finite user contributes exactly zero and counts as clipped (b_u = 0).
+  x_bad = x.copy()
+  x_bad[3, 0] = np.nan  # user 1 (one example)
+  bad, info_bad = fn(jnp.asarray(w), _batch(x_bad, y, ids, 3), jnp.float32(c))
+  others = sum(v * min(1.0, c / np.linalg.norm(v)) for u, v in enumerate(gu) if u != 1) / c
+  np.testing.assert_allclose(np.asarray(bad), others, rtol=1e-4, atol=1e-6)
+  assert int(info_bad.num_clipped) == clipped + (np.linalg.norm(gu[1]) <= c)
+  with pytest.raises(ValueError, match="clip_norm"):
+    us.adaptive_user_clipped_grad(_sq_loss, 1e-50)
+
+
+def test_adaptive_user_event_is_dpsgd_at_the_joint_multiplier_with_unit_user():
+  from dp_accounting.rdp import rdp_privacy_accountant  # pylint: disable=g-import-not-at-top
+  import dp_accounting  # pylint: disable=g-import-not-at-top
+  from jaxdp.dpsgd import adaptive_clipping  # pylint: disable=g-import-not-at-top
+  sampler = us.UserPoissonSampler(np.repeat(np.arange(500), 2), sample_rate=0.05,
+                                  max_examples_per_user=2)
+  sd, sigma_b, t = 1.02, 3.0, 200
+  joint = (sd ** -2 + 1 / (2 * sigma_b) ** 2) ** -0.5  # Andrew et al. 2021, Thm 1
+  event = sampler.adaptive_event(sd, sigma_b, t)
+  assert event == dpsgd_accounting.dpsgd_event(joint, 0.05, t, unit="user")
+  assert events.leaf_tags(event) == {("add_remove", "user")}
+  direct = rdp_privacy_accountant.RdpAccountant()
+  direct.compose(dp_accounting.PoissonSampledDpEvent(0.05, dp_accounting.GaussianDpEvent(joint)),
+                 t)
+  acc = PrivacyAccountant(unit="user")
+  acc.spend(event)
+  assert acc.get_epsilon(1e-5, "rdp") == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+  replace = sampler.adaptive_event(sd, sigma_b, t, neighbouring="replace_one")
+  assert replace.event.event.noise_multiplier == pytest.approx(joint / 2, rel=1e-12)
+  assert events.leaf_tags(replace) == {("replace_one", "user")}
+  assert sampler.adaptive_gradient_noise_multiplier(joint, sigma_b) == pytest.approx(sd,
+                                                                                     rel=1e-9)
+  assert sampler.adaptive_gradient_noise_multiplier(1.0, sigma_b, num_counts=2) == (
+      adaptive_clipping.gradient_noise_multiplier(1.0, sigma_b, participations=2))
+
+
+def test_correlated_noise_over_users_is_mf_event_at_one_group_and_the_user_rate():
+  from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
+  sampler = us.UserPoissonSampler(np.arange(300), sample_rate=0.1, max_examples_per_user=1)
+  strategy = correlated.BandMF(np.array([1.0, 0.5]))
+  for relation in ("add_remove", "replace_one"):
+    assert sampler.mf_event(strategy, 3.0, 12, neighbouring=relation) == correlated.mf_event(
+        strategy, noise_multiplier=3.0, num_steps=12, min_separation=1, sample_rate=0.1,
+        unit="user", neighbouring=relation)
+  assert sampler.mf_event(correlated.BandMF.dp_sgd(), 3.0, 12) == sampler.event(3.0, 12)
+  sigma = sampler.calibrate_mf_noise_multiplier(strategy, 4.0, 1e-5, 12)
+  assert sampler.mf_epsilon(strategy, sigma, 12, 1e-5) <= 4.0
+  assert sampler.adaptive_gradient_noise_multiplier(3.0, 20.0, noise_strategy=strategy,
+                                                    steps=12) == (
+      correlated.accounting.adaptive_gradient_noise_multiplier(
+          strategy, noise_multiplier=3.0, count_noise_multiplier=20.0, num_steps=12,
+          min_separation=1, sample_rate=0.1))
+  with pytest.raises(ValueError, match="steps"):
+    sampler.adaptive_gradient_noise_multiplier(3.0, 20.0, noise_strategy=strategy)
+  with pytest.raises(ValueError, match="num_counts"):
+    sampler.adaptive_gradient_noise_multiplier(3.0, 20.0, noise_strategy=strategy, steps=12,
+                                               num_counts=2)
+
+
+def test_device_user_sum_with_a_clip_norm_per_step_checks_its_arguments():
+  ids = np.repeat(np.arange(6), 2)
+  sampler = us.UserPoissonSampler(ids, sample_rate=0.5, max_examples_per_user=2, padded_size=3)
+  placed, key = sampler.place_data((np.ones((12, 2), np.float32),)), jax.random.key(0)
+  make = lambda c: (lambda p, m: _row_sum(p, m))
+  with pytest.raises(ValueError, match="clip_norm is required"):
+    sampler.device_clipped_sum_fn(make_grad_fn=make)(jnp.float32(1.0), key, placed)
+  with pytest.raises(ValueError, match="exactly one"):
+    sampler.device_clipped_sum_fn(_row_sum, make_grad_fn=make)
+
+
+@pytest.mark.slow
+def test_device_adaptive_user_sum_equals_the_host_chunks():
+  rng = np.random.default_rng(6)
+  ids = np.repeat(np.arange(10), np.arange(10) % 3 + 1)
+  n = ids.shape[0]
+  x = rng.normal(size=(n, 3)).astype(np.float32)
+  y = rng.normal(size=(n,)).astype(np.float32)
+  sampler = us.UserPoissonSampler(ids, sample_rate=0.6, max_examples_per_user=3, padded_size=4)
+  make = lambda c: us.adaptive_user_clipped_grad(_sq_loss, c, batch_argnums=(1, 2))
+  w, key, c = jnp.asarray([0.2, -0.1, 0.3], jnp.float32), jax.random.key(2), jnp.float32(0.3)
+  host = sum(np.asarray(make(c)(w, chunk.gather(x, y))[0]) for chunk in sampler.sample(key))
+  fn = jax.jit(lambda w, k, d, c: sampler.device_clipped_sum_fn(make_grad_fn=make)(
+      w, k, d, clip_norm=c))
+  gsum, (_, num_users, _) = fn(w, key, sampler.place_data((x, y)), c)
+  np.testing.assert_allclose(np.asarray(gsum), host, rtol=1e-5, atol=1e-6)
+  assert float(num_users) == sum(chunk.num_users for chunk in sampler.sample(key))
+
+
 # -- host == device --------------------------------------------------------------------------------
 
 

@@ -55,6 +55,9 @@ import conformance_registry as reg
 # Check names as used in ``ReleasePoint.skip`` (and aliases an entry may use).
 CHECKS = ("replay", "fresh", "charge", "no_nonprivate", "support", "noise", "audit")
 SLOW_CHECKS = ("audit_slow",)
+# Checks run by their own test file (not by test_conformance.py), whose names ``skip`` accepts:
+# ``extreme`` is check_extreme_records (tests/privacy/test_extreme_records.py).
+EXTRA_CHECKS = ("extreme",)
 SKIP_ALIASES = {
     "noise_scale": "noise",
     "nonprivate": "no_nonprivate",
@@ -64,7 +67,7 @@ SKIP_ALIASES = {
     "slow_audit": "audit_slow",
 }
 FAMILIES = ("mechanisms", "accounting", "training", "dpsgd", "prediction", "multiparty",
-            "inference", "classic")
+            "inference", "classic", "tuning")
 RELATIONS = ("add_remove", "replace_one")
 NORMS = ("l1", "l2", "linf")
 NOISE_KINDS = ("laplace", "gaussian", "l2_laplace", "discrete_laplace", "discrete_gaussian")
@@ -109,7 +112,7 @@ def _fail(entry: reg.ReleasePoint, check: str, message: str) -> None:
 
 # Seeds of the checks' keys (distinct per check, so checks are independent).
 _SEEDS = {"shared": 11, "bulk": 13, "replay": 101, "fresh": 202, "no_nonprivate": 303, "support": 404, "noise": 505,
-          "audit": 606, "audit_slow": 707}
+          "audit": 606, "audit_slow": 707, "extreme": 808}
 
 
 def keys_for(check: str, num: int, offset: int = 0) -> jax.Array:
@@ -1386,6 +1389,283 @@ def check_audit(entry: reg.ReleasePoint, slow: bool = False) -> None:
           f"epsilon {entry.epsilon} (delta {entry.delta}):\n{report}")
 
 
+# ---------------------------------------------------------------------------
+# (h) Records that break arithmetic (jaxdp issue 40 section 2).
+# ---------------------------------------------------------------------------
+
+# A refusal must be an argument error raised by jaxdp itself: these are never one.
+_NOT_A_REFUSAL = (ArithmeticError,)  # FloatingPointError, OverflowError, ZeroDivisionError
+
+
+def _jaxdp_dir() -> str:
+  import jaxdp  # pylint: disable=import-outside-toplevel
+  return str(pathlib.Path(jaxdp.__file__).resolve().parent)
+
+
+def _raising_file(err: BaseException) -> str:
+  """The file of the innermost frame of ``err``'s traceback (where it was raised)."""
+  tb = err.__traceback__
+  while tb is not None and tb.tb_next is not None:
+    tb = tb.tb_next
+  return str(pathlib.Path(tb.tb_frame.f_code.co_filename).resolve()) if tb is not None else ""
+
+
+def _resolve_public(name: str) -> Any:
+  """The public object of a registry name (``[variant]`` suffix ignored); None if unknown."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  parts = name.split("[", 1)[0].split(".")
+  for i in range(len(parts), 0, -1):
+    try:
+      obj = importlib.import_module(".".join(parts[:i]))
+    except ImportError:
+      continue
+    for attr in parts[i:]:
+      obj = getattr(obj, attr, None)
+    return obj
+  return None
+
+
+def _jaxdp_api_arguments(err: BaseException) -> set[str]:
+  """Parameter names of the public jaxdp functions on ``err``'s traceback.
+
+  Public: the function's name and its file's name do not start with ``_``
+  (the ``_validation`` helpers' generic ``x``/``name``/``value`` do not count).
+  """
+  names: set[str] = set()
+  tb = err.__traceback__
+  while tb is not None:
+    code = tb.tb_frame.f_code
+    if _public_jaxdp_frame(code):
+      names.update(code.co_varnames[:code.co_argcount + code.co_kwonlyargcount])
+    tb = tb.tb_next
+  return names - {"self", "cls"}
+
+
+def argument_names(entry: reg.ReleasePoint, data: Any,
+                   err: Optional[BaseException] = None) -> set[str]:
+  """Names a refusal may name.
+
+  The release point's parameters (and its class's constructor's), the
+  parameters of the public jaxdp functions the call went through (the teacher
+  training a predictor is built from, the function an estimator's ``fit``
+  delegates to), and the dataset's keys.
+  """
+  import inspect  # pylint: disable=import-outside-toplevel
+  names: set[str] = set() if err is None else _jaxdp_api_arguments(err)
+  obj = _resolve_public(entry.name)
+  owner = _resolve_public(entry.name.split("[", 1)[0].rsplit(".", 1)[0])
+  for fn in (obj, owner if inspect.isclass(owner) else None):
+    if fn is None:
+      continue
+    try:
+      names.update(p for p in inspect.signature(fn).parameters if p not in ("self", "cls"))
+    except (TypeError, ValueError):
+      pass
+  if isinstance(data, dict):
+    names.update(str(k) for k in data)
+  return names
+
+
+def _all_finite(data: Any) -> bool:
+  for leaf in jax.tree.leaves(data):
+    if isinstance(leaf, jax.core.Tracer):
+      continue
+    try:
+      arr = np.asarray(leaf)
+    except Exception:  # pylint: disable=broad-except  # not numeric data
+      continue
+    if np.issubdtype(arr.dtype, np.inexact) and not np.all(np.isfinite(arr)):
+      return False
+  return True
+
+
+def _public_jaxdp_frame(code: Any) -> bool:
+  path = pathlib.Path(code.co_filename).resolve()
+  return (str(path).startswith(_jaxdp_dir()) and not code.co_name.startswith("_")
+          and not (path.name.startswith("_") and path.name != "__init__.py"))
+
+
+def _input_was_finite(err: BaseException, data: Any) -> bool:
+  """Whether the refused call's input was finite.
+
+  The input is the arguments of the outermost public jaxdp function on the
+  traceback (the API the entry called: its glue may compute the argument from the
+  dataset, e.g. a covariance matrix that overflows float32 before the call), or the
+  dataset when no public jaxdp frame is on it.
+  """
+  tb = err.__traceback__
+  while tb is not None:
+    code = tb.tb_frame.f_code
+    if _public_jaxdp_frame(code):
+      local = tb.tb_frame.f_locals
+      args = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+      return _all_finite([local[a] for a in args if a in local and a not in ("self", "cls")])
+    tb = tb.tb_next
+  return _all_finite(data)
+
+
+# A message that says the input holds NaN/inf (not one that explains an overflow).
+_BLAMES_NON_FINITE = r"(?i)\bnan\b|\binf\b|infinity|non-finite|not finite|must be finite"
+
+
+def refusal_problem(entry: reg.ReleasePoint, err: BaseException, data: Any) -> Optional[str]:
+  """Why ``err`` is not a clear refusal of the input (None when it is one).
+
+  A refusal is a ``ValueError``/``TypeError`` or an exception class of jaxdp,
+  never an ``ArithmeticError`` (``FloatingPointError``) or a budget error,
+  raised by jaxdp's own code (the innermost frame is in the jaxdp package, not
+  inside jax, numpy or the test's glue), whose message names, in its opening
+  words, an argument (:func:`argument_names`), and that does not blame NaN/inf
+  on an input that was finite (:func:`_input_was_finite`): that is a quantity computed
+  inside the release overflowing (e.g. ``beta * scores``), reported as if the
+  caller had passed a non-finite value.
+  """
+  import re  # pylint: disable=import-outside-toplevel
+  from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
+  kind = type(err)
+  text = f"{kind.__name__}: {str(err)[:300]}"
+  if isinstance(err, _NOT_A_REFUSAL) or isinstance(err, BudgetExceededError):
+    return f"{text} is not an argument error"
+  if not (isinstance(err, (ValueError, TypeError)) or kind.__module__.startswith("jaxdp")):
+    return f"{text} is not a ValueError/TypeError/jaxdp error"
+  where = _raising_file(err)
+  if not where.startswith(_jaxdp_dir()):
+    return f"{text} was raised inside {where} (not a refusal by jaxdp)"
+  opening = _opening(str(err))
+  named = [n for n in argument_names(entry, data, err)
+           if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", opening)]
+  if not named:
+    return (f"{text} does not name an argument in its opening words ({opening!r})")
+  if re.search(_BLAMES_NON_FINITE, str(err)) and _input_was_finite(err, data):
+    return (f"{text} blames NaN/inf on a finite input: a value computed inside the release "
+            "overflowed and was reported as the caller's")
+  return None
+
+
+def _opening(message: str) -> str:
+  """The subject of an error message: the words before its first verb or punctuation.
+
+  ``"rows of x must lie in the unit ball"`` -> ``"rows of x"``; ``"logits
+  contains NaN"`` -> ``"logits"``. At most 80 characters.
+  """
+  import re  # pylint: disable=import-outside-toplevel
+  cut = re.search(r" must | contains | is | are | has | have | should | cannot | does | do |"
+                  r" lies | lie |[;:]|\. ", message)
+  return message[:cut.start() if cut else len(message)][:80]
+
+
+def _leaf_finiteness(entry: reg.ReleasePoint, output: Any) -> dict[str, tuple]:
+  """``{path: (shape, finite mask bytes)}`` of the output's numeric leaves (exempt ones left out)."""
+  out = {}
+  for path, value in numeric_leaves(output).items():
+    if _exempt(entry, path):
+      continue
+    arr = np.asarray(value)
+    if not np.issubdtype(arr.dtype, np.inexact):
+      continue
+    out[path] = (arr.shape, np.isfinite(arr).tobytes())
+  return out
+
+
+def _support_problem(entry: reg.ReleasePoint, vec: np.ndarray) -> Optional[str]:
+  kind, step = parse_support(entry.support)
+  if not np.all(np.isfinite(vec)):
+    bad = np.flatnonzero(~np.isfinite(vec))
+    return f"non-finite release ({vec[bad[0]]} at coordinate {bad[0]}, {bad.size} in all)"
+  if kind == "discrete" and np.any(vec != np.round(vec)):
+    return "a discrete release is not an integer"
+  if kind == "grid" and not np.all(on_grid(vec, step)):
+    return f"a release is off the public grid {step!r}"
+  return None
+
+
+def check_extreme_records(entry: reg.ReleasePoint, pairs: Optional[list] = None,
+                          fast: bool = False) -> str:
+  """Releases on neighbours with one extreme record are finite with the same support.
+
+  For each extreme pair (D, D'') (``extreme_records.extreme_pairs_of(entry,
+  fast)`` unless ``pairs`` is given: the entry's ``extreme_pairs``, else the
+  generic construction from its first pair), ``entry.release`` runs on both
+  sides with one fixed key. Each side must either
+
+  (a) release: ``entry.vector(output)`` all finite and on the entry's support
+      (integers for ``discrete``, ``step * Z`` for ``grid``), with the same
+      shape on both sides, and every other float leaf of the output (outside
+      ``public_outputs`` and ``nonprivate_*``) finite in the same places on both
+      sides; or
+  (b) refuse: raise a clear argument error (:func:`refusal_problem`) BEFORE any
+      spend: ``entry.charged(data, PrivacyAccountant)`` (when given) must raise
+      too and leave the ledger empty.
+
+  A NaN/inf on one side is an output of probability 1 under one dataset and 0
+  under its neighbour: infinite privacy loss, whatever the noise. Every failing
+  pair is listed in one ``AssertionError``. Returns a one-line summary.
+  """
+  import extreme_records as er  # pylint: disable=import-outside-toplevel
+  from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
+  if pairs is None:
+    pairs = er.extreme_pairs_of(entry, fast=fast)
+  if not pairs:
+    _fail(entry, "extreme", "no extreme pair could be built: give extreme_pairs, or list "
+          "'extreme' in skip with the reason.")
+  key = keys_for("extreme", 1)[0]  # one fixed key: both sides see the same noise
+  memo: dict = {}
+
+  def outcome(data):
+    fp = dataset_fingerprint(data)
+    if fp not in memo:
+      try:
+        out = entry.release(key, data)
+        vec = as_vector(entry, out)
+        memo[fp] = ("released", vec, _leaf_finiteness(entry, out))
+      except Exception as err:  # pylint: disable=broad-except  # judged below
+        memo[fp] = ("raised", err)
+    return memo[fp]
+
+  failures, counts, refusals = [], collections.Counter(), set()
+  for xp in pairs:
+    where = er.describe(xp)
+    results = [outcome(d) for d in xp.pair]
+    for side, (data, res) in enumerate(zip(xp.pair, results)):
+      label = "D''" if side == xp.extreme_side else "D"
+      if res[0] == "raised":
+        problem = refusal_problem(entry, res[1], data)
+        if problem is None and entry.charged is not None:
+          acc = PrivacyAccountant(neighbouring=entry.neighbouring, unit=entry.unit)
+          try:
+            entry.charged(data, acc)
+            problem = "release() refused the input but charged() released on it"
+          except Exception:  # pylint: disable=broad-except  # the charged path refused too
+            if acc.ledger:
+              problem = (f"refused only after spending (ledger: {_describe_ledger(acc)}); a "
+                         "refusal must come before any spend")
+        if problem is not None:
+          failures.append(f"{where}: {label} raised and it is not a clear refusal: {problem}")
+        else:
+          counts["refused"] += 1
+          refusals.add(f"{type(res[1]).__name__}: {str(res[1])[:70]}")
+        continue
+      problem = _support_problem(entry, res[1])
+      if problem is not None:
+        failures.append(f"{where}: {label}: {problem}")
+      else:
+        counts["released"] += 1
+    if all(r[0] == "released" for r in results):
+      (_, v0, l0), (_, v1, l1) = results
+      if v0.shape != v1.shape:
+        failures.append(f"{where}: release shapes {v0.shape} and {v1.shape} differ")
+      for path in sorted(set(l0) | set(l1)):
+        if l0.get(path) != l1.get(path):
+          failures.append(f"{where}: output field {path!r} is non-finite in different places "
+                          "on D and D'' (or present on one side only)")
+  if failures:
+    _fail(entry, "extreme", f"{len(failures)} problem(s) on records extreme for the arithmetic "
+          "(a NaN/inf on one side is an infinite privacy loss):\n  " + "\n  ".join(failures))
+  return (f"{len(pairs)} extreme pair(s) [{', '.join(p.variant for p in pairs)}]: "
+          f"{counts['released']} finite release(s), {counts['refused']} clear refusal(s)"
+          + (f" ({'; '.join(sorted(refusals))})" if refusals else ""))
+
+
 CHECK_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "replay": check_replay,
     "fresh": check_fresh,
@@ -1417,8 +1697,9 @@ def validate_entry(entry: reg.ReleasePoint) -> None:
   except AssertionError as err:
     problems.append(str(err))
   for name, reason in entry.skip.items():
-    if SKIP_ALIASES.get(name, name) not in CHECKS + SLOW_CHECKS:
-      problems.append(f"skip key {name!r} is not a check name ({CHECKS + SLOW_CHECKS})")
+    if SKIP_ALIASES.get(name, name) not in CHECKS + SLOW_CHECKS + EXTRA_CHECKS:
+      problems.append(f"skip key {name!r} is not a check name "
+                      f"({CHECKS + SLOW_CHECKS + EXTRA_CHECKS})")
     if not isinstance(reason, str) or len(reason.strip()) < 10:
       problems.append(f"skip[{name!r}] needs a reason (a sentence), got {reason!r}")
   if entry.noise is not None and entry.noise.kind not in NOISE_KINDS:

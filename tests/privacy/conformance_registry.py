@@ -112,6 +112,12 @@ class ReleasePoint:
       and D' is a non-private leak unless its name starts with ``nonprivate_``.
     skip: ``{check_name: reason}`` for checks that do not apply, with the
       reason (e.g. ``{"replay": "not additive: exponential mechanism"}``).
+    extreme_pairs: ``() -> [(D, D''), ...]`` neighbouring pairs whose differing
+      record (in D'') is valid but extreme for the arithmetic (all votes on one
+      class, the largest count, a record at float32's overflow threshold); None:
+      the generic construction of ``tests/privacy/extreme_records.py`` derives
+      them from ``pairs`` (jaxdp issue 40 section 2). Checked by
+      ``conformance_checks.check_extreme_records``; skip key ``"extreme"``.
   """
   name: str
   family: str
@@ -133,6 +139,7 @@ class ReleasePoint:
   support: str = "continuous"
   public_outputs: tuple[str, ...] = ()
   skip: dict = dataclasses.field(default_factory=dict)
+  extreme_pairs: Optional[Callable[[], Sequence[tuple[Dataset, Dataset]]]] = None
 
 
 REGISTRY: dict[str, ReleasePoint] = {}

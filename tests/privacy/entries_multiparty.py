@@ -265,7 +265,28 @@ def _projection(pairs_fn, reference):
   return lambda out: float(_vector(out) @ direction())
 
 
-def _erm_entry(name, fn, *, pairs, targets, c, sensitivity, guarantee, theorem, **extra):
+def extreme_party_pairs(n: int, d: int, c: int):
+  """Pairs extreme for the arithmetic (tests/privacy/extreme_records.py): votes are labels.
+
+  Party 0 votes the largest class on every row while the others are unanimous on
+  class 0 (the party against all others), with auxiliary rows on the unit sphere,
+  exactly zero (zero gradients for every row), and at float32's overflow threshold
+  (outside ``||x|| <= 1``: must be refused, or stay finite).
+  """
+  import extreme_records as er  # pylint: disable=import-outside-toplevel
+
+  def pairs():
+    unanimous = np.zeros((M, n), np.int32)
+    flipped = unanimous.copy()
+    flipped[0] = c - 1
+    x = _sphere_aux(n, d)
+    return [({"votes": unanimous, "x_aux": aux}, {"votes": flipped, "x_aux": aux})
+            for aux in (x, np.zeros_like(x), np.full_like(x, er.F32_MAX))]
+  return pairs
+
+
+def _erm_entry(name, fn, *, pairs, targets, c, sensitivity, guarantee, theorem,
+               extreme_pairs=None, **extra):
   def release(key, data, **kw):
     return fn(key, data["votes"], data["x_aux"], num_classes=c, l2_reg=LAM, epsilon=EPS,
               tol=TOL, **extra, **kw)
@@ -285,7 +306,8 @@ def _erm_entry(name, fn, *, pairs, targets, c, sensitivity, guarantee, theorem, 
                           theorem=theorem),
       audit=reg.AuditSpec(statistic=_projection(pairs, reference), trials=AUDIT_TRIALS,
                           slow_trials=AUDIT_SLOW_TRIALS_ERM),
-      support="continuous", public_outputs=("event", "calibration"), **TAGS)
+      support="continuous", public_outputs=("event", "calibration"),
+      extreme_pairs=extreme_pairs, **TAGS)
 
 
 def _register_erm():
@@ -296,6 +318,7 @@ def _register_erm():
   reg.register(_erm_entry(
       "jaxdp.multiparty.private_soft_label_erm", multiparty.private_soft_label_erm,
       pairs=soft_pairs, targets=soft_targets, c=2, sensitivity=soft_sens,
+      extreme_pairs=extreme_party_pairs(N_AUX, D_SOFT, 2),
       guarantee="eps-DP for replacing one party's data (M fixed): soft-label ERM + L2-Laplace "
                 "output perturbation, paper 001 Algorithm 2 / Theorem 3 (Eq. 31), plus the "
                 "float64 label rounding and solver slack",
@@ -313,6 +336,7 @@ def _register_erm():
   reg.register(_erm_entry(
       "jaxdp.multiparty.private_vote_erm", multiparty.private_vote_erm,
       pairs=vote_pairs, targets=majority_targets, c=C_VOTE, sensitivity=vote_sens,
+      extreme_pairs=extreme_party_pairs(N_AUX, D_VOTE, C_VOTE),
       guarantee="eps-DP for replacing one party's data (M fixed): majority-vote ERM + "
                 "L2-Laplace output perturbation, paper 001 Algorithm 1, multiclass App. B.2 "
                 "(Eq. 53)",

@@ -370,6 +370,23 @@ def _votes_pairs():
 FN_BETA = 0.25  # each row (2 beta)-DP
 
 
+def _extreme_votes_pairs():
+  """Vote histograms extreme for the arithmetic (tests/privacy/extreme_records.py).
+
+  One vote moved in each pair, the extreme histogram second: every vote on one
+  class; the largest int32 count; float counts at float32's overflow threshold
+  (the functions accept float histograms).
+  """
+  import extreme_records as er  # pylint: disable=import-outside-toplevel
+  top = np.iinfo(np.int32).max
+
+  def rows(counts, dtype):
+    return np.tile(np.asarray(counts, dtype), (FN_ROWS, 1))
+  return [(rows([T - 1, 1, 0], np.int32), rows([T, 0, 0], np.int32)),
+          (rows([top - 1, 1, 0], np.int32), rows([top, 0, 0], np.int32)),
+          (rows([er.F32_MAX, 1, 0], np.float32), rows([er.F32_MAX, 0, 1], np.float32))]
+
+
 def _first_is_zero(out) -> float:
   """1 if the first label is class 0 (the class the moved vote leaves on D'); host numpy."""
   return float(np.asarray(out).reshape(-1)[0] == 0)
@@ -382,6 +399,7 @@ reg.register(reg.ReleasePoint(
               "(exponential mechanism, McSherry & Talwar 2007; Dwork & Roth Thm 3.10), basic "
               "composition over the rows",
     epsilon=FN_ROWS * 2 * FN_BETA, delta=0.0, pairs=_votes_pairs,
+    extreme_pairs=_extreme_votes_pairs,
     release=lambda key, votes: _jp().aggregate_exponential(
         key, votes, FN_BETA),
     vector=_flat,
@@ -405,7 +423,8 @@ reg.register(reg.ReleasePoint(
     family=FAMILY, neighbouring=RELATION, unit=UNIT,
     guarantee="(2 beta)-DP per row (one key per row), exponential mechanism on votes "
               "(McSherry & Talwar 2007), basic composition over the rows",
-    epsilon=FN_ROWS * 2 * FN_BETA, delta=0.0, pairs=_votes_pairs, release=_from_keys_em,
+    epsilon=FN_ROWS * 2 * FN_BETA, delta=0.0, pairs=_votes_pairs,
+    extreme_pairs=_extreme_votes_pairs, release=_from_keys_em,
     vector=_flat,
     event=lambda: _jp().exponential_aggregation_event(
         FN_BETA),
@@ -424,6 +443,7 @@ reg.register(reg.ReleasePoint(
     guarantee="(2/b)-DP per label (report noisy max with Laplace(b) on counts of L1 "
               "sensitivity 2; survey 004 Eq. 39; Dwork & Roth Claim 3.9), basic composition",
     epsilon=FN_ROWS * 2.0 / LN_SCALE, delta=0.0, pairs=_votes_pairs,
+    extreme_pairs=_extreme_votes_pairs,
     release=lambda key, votes: _jp().noisy_max_labels(
         key, votes, "lnmax", LN_SCALE),
     vector=_flat,
@@ -452,7 +472,8 @@ reg.register(reg.ReleasePoint(
               "Prop. 8); rows composed exactly (Dong, Roth & Su 2019 Cor. 3.3; Balle & Wang "
               "2018 Thm 8)",
     epsilon=gaussian_epsilon(math.sqrt(2.0 * FN_ROWS) / GN_SCALE, DELTA), delta=DELTA,
-    pairs=_votes_pairs, release=_from_keys_gn, vector=_flat,
+    pairs=_votes_pairs, extreme_pairs=_extreme_votes_pairs, release=_from_keys_gn,
+    vector=_flat,
     event=lambda: _jp().noisy_max_event(
         "gnmax", GN_SCALE),
     charged=None, fresh=None, support="discrete",

@@ -384,7 +384,7 @@ INJECTIONS.extend([
               "jaxdp.dpsgd.linear.safe_clip_norm", scaled(1.2), "replay",
               "linear_dpsgd clips to 1.2 C (sensitivity 20% above the claim)"),
     Injection("dpsgd", "jaxdp.dpsgd.train_dpsgd",
-              "jaxdp.dpsgd.private_step._spend_once", _spend_noop, "charge",
+              "jaxdp.dpsgd.paid_sampler._spend_once", _spend_noop, "charge",
               "train_dpsgd's sampler prepays no-op events instead of its T steps"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=independent, clip=fixed]",
               "jaxdp.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
@@ -393,7 +393,7 @@ INJECTIONS.extend([
               "jaxdp.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
               "make_private plan (in-jit sampling from device data): noise std sigma*S x 0.8"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=independent, clip=fixed, data=device]",
-              "jaxdp.dpsgd.private_step._spend_once", _spend_noop, "charge",
+              "jaxdp.dpsgd.paid_sampler._spend_once", _spend_noop, "charge",
               "device-resident sampler pays a no-op event instead of each step"),
     Injection("dpsgd", "jaxdp.dpsgd.correlated.correlated_noise[BandMF]",
               "jaxdp.dpsgd.correlated.noise.noise_stddev", scaled(0.8), "noise",
@@ -408,7 +408,7 @@ INJECTIONS.extend([
               "jaxdp.dpsgd.correlated.accounting.run_sensitivity", scaled(0.8), "charge",
               "make_private(noise_strategy=BandMF): (k, b) run sensitivity x 0.8 in the event"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=BandMF, clip=fixed]",
-              "jaxdp.dpsgd.private_step._spend_once", _spend_noop, "charge",
+              "jaxdp.dpsgd.paid_sampler._spend_once", _spend_noop, "charge",
               "correlated-noise sampler pays a no-op event instead of the run"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=BLT, clip=fixed]",
               "jaxdp.dpsgd.correlated.noise.noise_stddev", scaled(0.8), "noise",
@@ -492,7 +492,7 @@ INJECTIONS.extend([
 
 
 def _count_noise_scaled(factor: float) -> Callable[[Any], Any]:
-  """Factory: adaptive_clipping's ``mechanisms`` with ``gaussian_noise`` times ``factor``.
+  """Factory: adaptive_state's ``mechanisms`` with ``gaussian_noise`` times ``factor``.
 
   Only the count noise of adaptive clipping is drawn through that module attribute (the
   gradient noise is drawn inside ``noisy_aggregate``).
@@ -516,13 +516,13 @@ def _uncentered_count(original):
 # Adaptive clipping (entries_adaptive_clipping.py).
 INJECTIONS.extend([
     Injection("dpsgd", "jaxdp.dpsgd.adaptive_noisy_aggregate",
-              "jaxdp.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8),
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8),
               "noise", "adaptive clipping: gradient noise sigma_Delta x 0.8"),
     Injection("dpsgd", "jaxdp.dpsgd.adaptive_clip_noise[part=count]",
-              "jaxdp.dpsgd.adaptive_clipping.mechanisms", _count_noise_scaled(0.8),
+              "jaxdp.dpsgd.adaptive_state.mechanisms", _count_noise_scaled(0.8),
               "noise", "adaptive clipping: count noise drawn at 0.8 sigma_b"),
     Injection("dpsgd", "jaxdp.dpsgd.adaptive_noisy_aggregate",
-              "jaxdp.dpsgd.adaptive_clipping.mechanisms", _count_noise_scaled(0.0),
+              "jaxdp.dpsgd.adaptive_state.mechanisms", _count_noise_scaled(0.0),
               "no_nonprivate", "adaptive clipping: the next clip norm from the exact count (no "
               "count noise)"),
     Injection("dpsgd", "jaxdp.dpsgd.adaptive_noisy_aggregate",
@@ -530,18 +530,18 @@ INJECTIONS.extend([
               _uncentered_count, "replay",
               "adaptive clipping: uncentered count sum b_i (sensitivity 1) noised for 1/2"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=independent, clip=adaptive]",
-              "jaxdp.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8),
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8),
               "noise", "make_private with adaptive clipping: gradient noise sigma_Delta x 0.8"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=BandMF, clip=adaptive]",
-              "jaxdp.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8), "noise",
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8), "noise",
               "make_private(BandMF, AdaptiveClipNorm): run-level gradient noise sigma_Delta x 0.8 "
               "(adaptive_clip_noise builds the correlated noise with it)"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=BLT, clip=adaptive]",
-              "jaxdp.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8), "noise",
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8), "noise",
               "make_private(BLT, AdaptiveClipNorm): run-level gradient noise sigma_Delta x 0.8 "
               "(adaptive_clip_noise builds the correlated noise with it)"),
     Injection("dpsgd", "jaxdp.dpsgd.adaptive_clipping.per_layer_adaptive_clip_noise",
-              "jaxdp.dpsgd.adaptive_clipping.gradient_noise_multiplier", scaled(0.8),
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8),
               "noise", "per-layer adaptive clipping: gradient noise sigma_Delta (G counts) x 0.8"),
 ])
 
@@ -551,7 +551,7 @@ INJECTIONS.extend([
               "jaxdp.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
               "make_private(batch_selection=FixedSizeSampler): noise std sigma*C x 0.8"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[selection=fixed_size]",
-              "jaxdp.dpsgd.private_step._fixed_size_noise_multiplier", scaled(0.8), "noise",
+              "jaxdp.dpsgd.plan_accounting._fixed_size_noise_multiplier", scaled(0.8), "noise",
               "make_private(batch_selection=FixedSizeSampler): sigma x 0.8 (noise and event)"),
     Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[selection=user]",
               "jaxdp.dpsgd.transforms.noise_stddev", scaled(0.8), "noise",
