@@ -9,7 +9,8 @@ training), ``models`` (Flax models), ``prediction`` (private prediction with
 enforced budgets), ``multiparty`` (a private global classifier from M parties'
 local classifiers), ``inference`` (private confidence intervals for ERM),
 ``audit`` (empirical privacy auditing), ``classic`` (the survey's classic models:
-naive Bayes, random trees, k-means, PCA, linear regression).
+naive Bayes, random trees, k-means, PCA, linear regression), ``tuning`` (private
+hyper-parameter tuning: the best of a random number of private runs).
 """
 
 import importlib
@@ -97,7 +98,7 @@ def enable_compilation_cache(cache_dir: str | os.PathLike | None = None, *,
 
 
 _SUBPACKAGES = ("accounting", "audit", "classic", "data", "dpsgd", "inference", "mechanisms",
-                "models", "multiparty", "prediction", "training")
+                "models", "multiparty", "prediction", "training", "tuning")
 
 
 def __getattr__(name):

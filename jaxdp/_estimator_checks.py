@@ -39,7 +39,7 @@ import numpy as np
 from sklearn.base import clone
 from sklearn.exceptions import DataConversionWarning, NotFittedError
 
-from jaxdp import _validation
+from jaxdp import _keys, _validation
 from jaxdp.errors import ArgumentTypeError
 
 
@@ -256,6 +256,7 @@ class SharedAccountantMixin:
   """
 
   def __sklearn_clone__(self):
+    _keys.refuse_worker_processes(self)  # n_jobs > 1 with processes: say why, before joblib does
     return clone_sharing_accountant(self)
 
   def __getstate__(self):

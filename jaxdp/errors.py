@@ -16,3 +16,23 @@ class ArgumentTypeError(TypeError, ValueError):
   raised for these inputs before, and what ``except ValueError`` callers
   expect), the pattern of ``numpy.exceptions.AxisError``.
   """
+
+
+class BudgetExhausted(BaseException):
+  """A privacy budget refused a fit made by scikit-learn model selection: the search is stopped.
+
+  Raised instead of :class:`BudgetExceededError` when the refusal happens inside
+  ``sklearn.model_selection`` (``GridSearchCV``, ``RandomizedSearchCV``,
+  ``cross_validate``, ``cross_val_score``, ...). Those catch every ``Exception``
+  a fit raises unless ``error_score="raise"`` (the default is NaN): the search
+  would go on and pick a "best" candidate among the fits the budget could
+  afford, with only a ``FitFailedWarning``. Like ``KeyboardInterrupt``, a
+  ``BaseException`` is not caught there, so the search ends. The refused fit
+  spent nothing; the fits before it were spent. The original
+  :class:`BudgetExceededError` is ``error`` (and ``__cause__``). Catch it with
+  ``except BudgetExhausted`` (``except Exception`` does not catch it).
+  """
+
+  def __init__(self, message: str, error: BaseException | None = None):
+    super().__init__(message)
+    self.error = error

@@ -236,15 +236,29 @@ def _check_event(event: ev.DpEvent) -> None:
   elif isinstance(event, ev.ComposedDpEvent):
     for e in event.events:
       _check_event(e)
+  elif isinstance(event, ev.RepeatAndSelectDpEvent):
+    _check_real(event.mean, "RepeatAndSelectDpEvent.mean", 1.0)  # E[K] >= 1 (dp_accounting)
+    if math.isinf(float(event.mean)):
+      raise ValueError("RepeatAndSelectDpEvent.mean must be finite.")
+    _check_real(event.shape, "RepeatAndSelectDpEvent.shape", 0.0)  # inf: Poisson
+    _check_event(event.event)
   elif isinstance(event, dpa_event.ZCDpEvent):
     _check_real(event.rho, "ZCDpEvent.rho", 0.0)
     _check_real(event.xi, "ZCDpEvent.xi", 0.0)
 
 
 def _walk(event: ev.DpEvent, leaf: Callable[[ev.DpEvent], tuple[float, float]],
-          sampled: Callable[[float, tuple[float, float]], tuple[float, float]] | None
+          sampled: Callable[[float, tuple[float, float]], tuple[float, float]] | None,
+          repeated: Callable[[ev.DpEvent, tuple[float, float]], tuple[float, float]] | None = None
           ) -> tuple[float, float]:
   """Additive (ε-like, δ-like) totals of an event tree."""
+  if isinstance(event, ev.RepeatAndSelectDpEvent):
+    if repeated is None:
+      raise UnsupportedEventError(
+          "RepeatAndSelectDpEvent (repeat a mechanism a random number of times and release the "
+          "best run) is bounded by method='rdp' (Papernot & Steinke 2022, Thms 2 and 6), or by "
+          "method='pure' for a pure-DP run repeated a truncated-negative-binomial number of times.")
+    return repeated(event, _walk(event.event, leaf, sampled, repeated))
   if isinstance(event, ev.NoOpDpEvent):
     return 0.0, 0.0
   if isinstance(event, ev.NonPrivateDpEvent):
@@ -252,14 +266,33 @@ def _walk(event: ev.DpEvent, leaf: Callable[[ev.DpEvent], tuple[float, float]],
   if isinstance(event, ev.SelfComposedDpEvent):
     if event.count == 0:  # nothing ran (and 0 * inf would be NaN)
       return 0.0, 0.0
-    a, b = _walk(event.event, leaf, sampled)
+    a, b = _walk(event.event, leaf, sampled, repeated)
     return event.count * a, event.count * b
   if isinstance(event, ev.ComposedDpEvent):
-    totals = [_walk(e, leaf, sampled) for e in event.events]
+    totals = [_walk(e, leaf, sampled, repeated) for e in event.events]
     return sum(t[0] for t in totals), sum(t[1] for t in totals)
   if isinstance(event, ev.PoissonSampledDpEvent) and sampled is not None:
-    return sampled(event.sampling_probability, _walk(event.event, leaf, sampled))
+    return sampled(event.sampling_probability, _walk(event.event, leaf, sampled, repeated))
   return leaf(event)
+
+
+def _pure_repeat_and_select(event: ev.DpEvent, inner: tuple[float, float]) -> tuple[float, float]:
+  """Pure ε of the best of K runs of an ε-DP mechanism, K truncated negative binomial of shape η.
+
+  ``(2 + η) ε`` for finite η >= 0: Papernot & Steinke 2022 (ICLR; arXiv 2110.03620v2), Thm 2
+  in the limit λ, λ̂ → ∞ (an ε-DP run is (λ, ε)-RDP at every order; the terms
+  (1 + η) log(1/γ)/λ̂ and log E[K]/(λ − 1) vanish). η = 1 (geometric K) is Liu & Talwar's
+  3ε (STOC 2019, the random-stopping selection of Section 3), η = 0 (logarithmic) gives 2ε.
+  Poisson K (η = ∞) and (ε, δ) runs have no bound here (use method='rdp').
+  """
+  eps, delta = inner
+  shape = float(event.shape)
+  if delta != 0.0 or math.isinf(shape):
+    raise UnsupportedEventError(
+        "RepeatAndSelectDpEvent has a pure-DP bound only for a pure-DP run and a truncated "
+        "negative binomial K (shape < inf; 3 epsilon for geometric K, Liu & Talwar 2019); "
+        "use method='rdp' (Papernot & Steinke 2022).")
+  return ((2.0 + shape) * eps if eps > 0 else 0.0), 0.0
 
 
 def _basic_leaf(event: ev.DpEvent) -> tuple[float, float]:
@@ -438,7 +471,7 @@ class PrivacyAccountant:
   # -- queries ----------------------------------------------------------------
   def basic_epsilon_delta(self) -> tuple[float, float]:
     """(Σε, Σδ) by basic composition; raises UnsupportedEventError for Gaussian-type events."""
-    return _walk(self.as_event(), _basic_leaf, _basic_sampled)
+    return _walk(self.as_event(), _basic_leaf, _basic_sampled, _pure_repeat_and_select)
 
   def pure_epsilon(self) -> float:
     """Total pure ε, or inf when some event only has an approximate/RDP guarantee."""
@@ -510,6 +543,11 @@ class PrivacyAccountant:
         raise UnsupportedEventError(
             "the rdp accountant bounds Poisson-sampled events for add_remove neighbours only; "
             "this replace_one ledger is accounted with method='pld'.")
+      if method == "pld" and ev.contains_repeat_and_select(event):
+        raise UnsupportedEventError(
+            "dp_accounting's PLD has no analysis of RepeatAndSelectDpEvent (the best of a random "
+            "number of runs); it is accounted with method='rdp' (Papernot & Steinke 2022, Thms 2 "
+            "and 6).")
       if without_replacement and method == "pld":
         raise UnsupportedEventError(
             "dp_accounting's PLD has no analysis of sampling without replacement (fixed-size "

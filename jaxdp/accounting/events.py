@@ -61,6 +61,7 @@ from dp_accounting.dp_event import (  # pylint: disable=unused-import
     NonPrivateDpEvent,
     NoOpDpEvent,
     PoissonSampledDpEvent,
+    RepeatAndSelectDpEvent,
     SampledWithoutReplacementDpEvent,
     SelfComposedDpEvent,
 )
@@ -271,8 +272,11 @@ def _checked_float(check, name, value) -> float:
 
 TAGGED_EVENT_TYPES = (GaussianDpEvent, LaplaceDpEvent, ZCDpEvent, PureDpEvent, ApproxDpEvent,
                       ExponentialMechanismDpEvent)
+# RepeatAndSelectDpEvent(event, mean, shape): run ``event``'s mechanism a random number of times
+# and release only the best run (Papernot & Steinke 2022); its relation is its inner event's.
 _STRUCTURAL = (ComposedDpEvent, SelfComposedDpEvent, PoissonSampledDpEvent,
-               SampledWithoutReplacementDpEvent, NoOpDpEvent, NonPrivateDpEvent)
+               SampledWithoutReplacementDpEvent, RepeatAndSelectDpEvent, NoOpDpEvent,
+               NonPrivateDpEvent)
 
 
 def leaf_tags(event: DpEvent) -> set[tuple[str | None, str | None]]:
@@ -287,7 +291,7 @@ def leaf_tags(event: DpEvent) -> set[tuple[str | None, str | None]]:
   if isinstance(event, ComposedDpEvent):
     return set().union(*[leaf_tags(e) for e in event.events])
   if isinstance(event, (SelfComposedDpEvent, PoissonSampledDpEvent,
-                        SampledWithoutReplacementDpEvent)):
+                        SampledWithoutReplacementDpEvent, RepeatAndSelectDpEvent)):
     return leaf_tags(event.event)
   relation = getattr(event, "neighbouring", None)
   if relation is None:
@@ -302,8 +306,20 @@ def _sampled_subtrees(event: DpEvent):
   elif isinstance(event, ComposedDpEvent):
     for e in event.events:
       yield from _sampled_subtrees(e)
-  elif isinstance(event, SelfComposedDpEvent):
+  elif isinstance(event, (SelfComposedDpEvent, RepeatAndSelectDpEvent)):
     yield from _sampled_subtrees(event.event)
+
+
+def contains_repeat_and_select(event: DpEvent) -> bool:
+  """Whether the tree holds a :class:`RepeatAndSelectDpEvent` (only RDP and pure DP bound it)."""
+  if isinstance(event, RepeatAndSelectDpEvent):
+    return True
+  if isinstance(event, ComposedDpEvent):
+    return any(contains_repeat_and_select(e) for e in event.events)
+  if isinstance(event, (SelfComposedDpEvent, PoissonSampledDpEvent,
+                        SampledWithoutReplacementDpEvent)):
+    return contains_repeat_and_select(event.event)
+  return False
 
 
 def contains_sampling(event: DpEvent) -> bool:
@@ -427,8 +443,8 @@ _EVENT_TYPES = {
     cls.__name__: cls
     for cls in [
         ComposedDpEvent, GaussianDpEvent, LaplaceDpEvent, NonPrivateDpEvent,
-        NoOpDpEvent, PoissonSampledDpEvent, SampledWithoutReplacementDpEvent,
-        SelfComposedDpEvent, ZCDpEvent, PureDpEvent, ApproxDpEvent,
+        NoOpDpEvent, PoissonSampledDpEvent, RepeatAndSelectDpEvent,
+        SampledWithoutReplacementDpEvent, SelfComposedDpEvent, ZCDpEvent, PureDpEvent, ApproxDpEvent,
         ExponentialMechanismDpEvent,
     ]
 }
@@ -467,12 +483,14 @@ def event_from_dict(data: dict) -> DpEvent:
 
 __all__ = [
     "ADD_REMOVE", "DEFAULT_UNIT", "NeighbouringRelation", "REPLACE_ONE", "TAGGED_EVENT_TYPES",
-    "check_neighbouring", "check_unit", "contains_poisson_sampling", "contains_sampling",
+    "check_neighbouring", "check_unit", "contains_poisson_sampling", "contains_repeat_and_select",
+    "contains_sampling",
     "contains_sampling_without_replacement", "leaf_tags",
     "replace_one_from_add_remove", "with_neighbouring",
     "ApproxDpEvent", "ComposedDpEvent", "DpEvent", "ExponentialMechanismDpEvent",
     "GaussianDpEvent", "LaplaceDpEvent", "NonPrivateDpEvent", "NoOpDpEvent",
-    "PoissonSampledDpEvent", "PureDpEvent", "SampledWithoutReplacementDpEvent",
+    "PoissonSampledDpEvent", "PureDpEvent", "RepeatAndSelectDpEvent",
+    "SampledWithoutReplacementDpEvent",
     "SelfComposedDpEvent", "ZCDpEvent", "event_from_dict", "event_to_dict",
 ]
 

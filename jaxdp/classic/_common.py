@@ -59,9 +59,10 @@ from typing import Any
 import numpy as np
 
 from jaxdp import _estimator_checks
+from jaxdp import _keys
 from jaxdp import _validation
 from jaxdp.accounting import events
-from jaxdp.errors import ArgumentTypeError
+from jaxdp.errors import ArgumentTypeError, BudgetExceededError
 from jaxdp.mechanisms import discrete
 
 NEIGHBOURING = (events.ADD_REMOVE, events.REPLACE_ONE)
@@ -261,10 +262,18 @@ def spend(accountant: Any, event: events.DpEvent) -> None:
 
   Call before computing the release: with a :class:`PrivacyBudget` a spend
   that would exceed the budget raises ``BudgetExceededError`` and nothing is
-  released.
+  released. Inside scikit-learn model selection (``GridSearchCV``,
+  ``cross_validate``, ...) the refusal is raised as
+  :class:`~jaxdp.errors.BudgetExhausted` instead (:func:`jaxdp._keys.budget_refusal`),
+  so that the search ends rather than picking a winner among affordable fits.
   """
   if accountant is None:
     return
   check_accountant(accountant)
-  accountant.spend(event)
+  try:
+    accountant.spend(event)
+  except BudgetExceededError as err:
+    # Inside scikit-learn model selection the refusal ends the search (a BudgetExhausted,
+    # which error_score cannot swallow); elsewhere it is raised unchanged.
+    raise _keys.budget_refusal(err)
 

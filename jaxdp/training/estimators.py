@@ -26,10 +26,15 @@ without noise: they are not covered by any charged event, so releasing
 ``cv_results_``/``best_params_`` (a function of the scores) is not differentially
 private. Use ``GridSearchCV`` on public or synthetic data, or a private
 selection procedure (e.g. J. Liu, K. Talwar, "Private Selection from Private
-Candidates", STOC 2019). ``n_jobs > 1`` would pickle the
+Candidates", STOC 2019), which :class:`jaxdp.tuning.PrivateSearchCV` runs
+with one charge for the whole search. ``n_jobs > 1`` would pickle the
 accountant into worker processes, where the spends are lost: an estimator with
 an accountant refuses to be pickled or deep-copied (``set_params(accountant=None)``
-first, e.g. to save a fitted model).
+first, e.g. to save a fitted model), and under a process-based ``n_jobs > 1``
+search the clone says so before joblib does. A budget refusal inside
+scikit-learn model selection raises :class:`jaxdp.errors.BudgetExhausted` (a
+``BaseException``: ``error_score`` cannot turn it into a ``FitFailedWarning``),
+so the search ends instead of picking a winner among the affordable fits.
 
 Noise keys (:mod:`jaxdp._keys`). With ``seed=None`` (the default) every ``fit``
 draws its key from fresh OS entropy (scikit-learn's ``random_state=None``
@@ -44,7 +49,8 @@ seeded estimator repeats the original's first key. Hence with an explicit seed
 every fit inside ``GridSearchCV``/``cross_validate`` (each on a fresh clone)
 uses the SAME key ``fold_in(key(seed), 0)`` on overlapping folds, and the
 charged events do not compose (the noise is shared, not independent): leave
-``seed=None`` for model selection.
+``seed=None`` for model selection (a seeded fit inside ``sklearn.model_selection``
+warns, :func:`jaxdp._keys.fit_key`).
 
 Non-private diagnostics. The fitted estimator keeps only private values
 (``coef_``), public ones (``classes_``, ``n_features_in_``) and the event
@@ -81,7 +87,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from jaxdp import _estimator_checks as checks
 from jaxdp import _keys, _validation
 from jaxdp.accounting import events
-from jaxdp.errors import ArgumentTypeError
+from jaxdp.errors import ArgumentTypeError, BudgetExceededError
 from jaxdp.training import linear, objective_perturbation, output_perturbation
 
 METHODS = ("loss_perturbation", "model_sensitivity", "objective_perturbation",
@@ -272,12 +278,11 @@ class PrivateLinearClassifier(checks.SharedAccountantMixin, ClassifierMixin, Bas
     event = self._predicted_event(p, n, classes.size, x_np.shape[1])
     if self.accountant is not None and hasattr(self.accountant, "can_spend"):
       if not self.accountant.can_spend(event):
-        from jaxdp.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
         asked = f"fitting {type(self).__name__}"
         message = (self.accountant.refusal_message(event, asked)
                    if hasattr(self.accountant, "refusal_message") else
                    f"{asked} would exceed the privacy budget; nothing was spent.")
-        raise BudgetExceededError(message)
+        raise _keys.budget_refusal(BudgetExceededError(message))  # stops a sklearn search
     key = _keys.fit_key(p["seed"], self._num_fits)
     self._num_fits += 1
     tol = 1e-6 if p["tol"] is None else p["tol"]
@@ -313,7 +318,10 @@ class PrivateLinearClassifier(checks.SharedAccountantMixin, ClassifierMixin, Bas
           delta=delta, **common)
       weights, ev = res.weights, res.event
     if self.accountant is not None:
-      self.accountant.spend(ev)  # may raise BudgetExceededError: then nothing is stored
+      try:
+        self.accountant.spend(ev)  # may raise BudgetExceededError: then nothing is stored
+      except BudgetExceededError as err:
+        raise _keys.budget_refusal(err)  # inside a sklearn search: BudgetExhausted (ends it)
     self.classes_ = classes
     checks.check_n_features(self, x_np, reset=True)
     self.coef_ = np.asarray(weights)

@@ -100,3 +100,34 @@ reg.register(reg.ReleasePoint(
 reg.not_a_release_point(
     "jaxdp.training.private_argmax_event",
     "builds the DpEvent from public epsilon and sensitivity; reads no data and releases nothing")
+
+
+# The accounting of the batch selections combined with adaptive clipping and correlated noise:
+# public calibrations and events; the release is PrivateSGD.step of the plan that uses them.
+_SELECTION_ACCOUNTING = ("{what} from public (N, B or q, sigma, steps, strategy, delta): "
+                         "accounting only; the release is PrivateSGD.step[selection=...]")
+for _name, _what in {
+    "jaxdp.dpsgd.correlated.accounting.calibrate_fixed_size_mf_noise_multiplier": "sigma",
+    "jaxdp.dpsgd.correlated.accounting.fixed_size_adaptive_gradient_noise_multiplier":
+        "the gradient share sigma_Delta of sigma (Andrew et al. 2021 Thm 1)",
+    "jaxdp.dpsgd.correlated.accounting.fixed_size_mf_epsilon": "epsilon",
+    "jaxdp.dpsgd.correlated.accounting.fixed_size_mf_event": "the run's DpEvent",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.adaptive_event": "the step's DpEvent",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.adaptive_gradient_noise_multiplier":
+        "sigma_Delta",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.calibrate_mf_noise_multiplier": "sigma",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.mf_epsilon": "epsilon",
+    "jaxdp.dpsgd.fixed_size_sampling.FixedSizeSampler.mf_event": "the run's DpEvent",
+    "jaxdp.dpsgd.fixed_size_sampling.adaptive_dpsgd_event": "the steps' DpEvent",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.adaptive_event": "the step's DpEvent",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.adaptive_gradient_noise_multiplier":
+        "sigma_Delta",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.calibrate_mf_noise_multiplier": "sigma",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.mf_epsilon": "epsilon",
+    "jaxdp.dpsgd.user_sampling.UserPoissonSampler.mf_event": "the run's DpEvent",
+}.items():
+  reg.not_a_release_point(_name, _SELECTION_ACCOUNTING.format(what=_what))
+reg.not_a_release_point(
+    "jaxdp.dpsgd.user_sampling.UserClippedGradFn",
+    "the per-user clipped-sum function's type (sensitivity C per user); adds no noise and "
+    "releases nothing; the release is PrivateSGD.step[selection=user]")
