@@ -25,7 +25,7 @@ import pathlib
 
 import numpy as np
 
-from jaxdp.data import resolve, tabular, tfds_source
+from jaxdp.data import resolve, tabular
 from jaxdp.data.base import Dataset
 
 NAME = "adult"
@@ -45,17 +45,10 @@ FILES = (
 def parse_adult_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
   """Parses ``adult.data``/``adult.test`` into ``([n, 14] str fields, [n] int32 labels)``."""
   text = pathlib.Path(path).read_text(encoding="ascii")
-  rows = [line.split(", ") for line in text.splitlines()
-          if line.strip() and not line.startswith("|")]
-  bad = [i for i, r in enumerate(rows) if len(r) != 15]
-  if bad:
-    raise ValueError(f"{path}: record {bad[0]} has {len(rows[bad[0]])} fields, expected 15.")
-  fields = np.array(rows, dtype=str)
+  fields = tabular.split_fields([line.split(", ") for line in text.splitlines()
+                                 if line.strip() and not line.startswith("|")], 15, path)
   target = np.char.rstrip(fields[:, 14], ".")
-  unknown = set(np.unique(target)) - set(CLASS_NAMES)
-  if unknown:
-    raise ValueError(f"{path}: unexpected labels {sorted(unknown)}.")
-  return fields[:, :14], (target == ">50K").astype(np.int32)
+  return fields[:, :14], tabular.binary_labels(target, CLASS_NAMES, path)
 
 
 def load_adult(
@@ -91,29 +84,23 @@ def load_adult(
     A binary :class:`Dataset` (label 1 = ``>50K``); ``signed_labels()`` gives
     the paper's ``{-1, +1}`` targets.
   """
-  local, looked = resolve.find_local(FILES, data_dir, verify=verify)
-  if local is None:
-    _, note = tfds_source.try_load(NAME, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
-                                   download=download)
-    raise resolve.not_found_error(NAME, FILES, looked, note)
-  train_f, train_y = parse_adult_file(local.paths["train"])
-  test_f, test_y = parse_adult_file(local.paths["test"])
+  tabular.check_options(NAME, split, unit_ball, test_fraction=test_fraction,
+                        split_seed=split_seed)
+  found = tabular.locate(NAME, FILES, data_dir, verify=verify, use_tfds=use_tfds,
+                         tfds_data_dir=tfds_data_dir, download=download)
+  train_f, train_y = parse_adult_file(found.paths["train"])
+  test_f, test_y = parse_adult_file(found.paths["test"])
   counts = {"train_records": len(train_y), "test_records": len(test_y)}
   if drop_missing:
     keep_tr = ~np.any(train_f == "?", axis=1)
     keep_te = ~np.any(test_f == "?", axis=1)
     train_f, train_y = train_f[keep_tr], train_y[keep_tr]
     test_f, test_y = test_f[keep_te], test_y[keep_te]
-  fields = np.concatenate([train_f, test_f])
-  columns = tuple(fields[:, j] if cat else fields[:, j].astype(np.float64)
-                  for j, cat in enumerate(CATEGORICAL))
-  table = tabular.RawTable(columns=columns, names=ATTRIBUTES, categorical=CATEGORICAL,
-                           labels=np.concatenate([train_y, test_y]))
+  table = tabular.RawTable.from_fields(np.concatenate([train_f, test_f]), ATTRIBUTES,
+                                       CATEGORICAL, np.concatenate([train_y, test_y]))
   n_tr = len(train_y)
-  train_idx, test_idx = tabular.choose_split(
-      np.arange(n_tr), np.arange(n_tr, table.num_rows), split, test_fraction, split_seed)
-  info = dict(source=local.source, files={k: str(v) for k, v in local.paths.items()},
-              dropped_missing=drop_missing, split=split, **counts)
   return tabular.build_tabular_dataset(
-      NAME, table, train_idx, test_idx, CLASS_NAMES, scale=scale,
-      add_constant=add_constant, unit_ball=unit_ball, info=info)
+      NAME, table, np.arange(n_tr), np.arange(n_tr, table.num_rows), CLASS_NAMES,
+      split=split, test_fraction=test_fraction, split_seed=split_seed, scale=scale,
+      add_constant=add_constant, unit_ball=unit_ball,
+      info=dict(found.info, dropped_missing=drop_missing, split=split, **counts))

@@ -22,7 +22,7 @@ import pathlib
 
 import numpy as np
 
-from jaxdp.data import resolve, tabular, tfds_source
+from jaxdp.data import resolve, tabular
 from jaxdp.data.base import Dataset
 
 NAME = "bank"
@@ -43,16 +43,9 @@ def parse_bank_file(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
   header = [h.strip('"') for h in lines[0].split(";")]
   if tuple(header) != ATTRIBUTES + ("y",):
     raise ValueError(f"{path}: unexpected header {header}.")
-  rows = [line.replace('"', "").split(";") for line in lines[1:] if line.strip()]
-  bad = [i for i, r in enumerate(rows) if len(r) != 17]
-  if bad:
-    raise ValueError(f"{path}: record {bad[0]} has {len(rows[bad[0]])} fields, expected 17.")
-  fields = np.array(rows, dtype=str)
-  target = fields[:, 16]
-  unknown = set(np.unique(target)) - set(CLASS_NAMES)
-  if unknown:
-    raise ValueError(f"{path}: unexpected labels {sorted(unknown)}.")
-  return fields[:, :16], (target == "yes").astype(np.int32)
+  fields = tabular.split_fields(
+      [line.replace('"', "").split(";") for line in lines[1:] if line.strip()], 17, path)
+  return fields[:, :16], tabular.binary_labels(fields[:, 16], CLASS_NAMES, path)
 
 
 def load_bank(
@@ -76,26 +69,21 @@ def load_bank(
     split: ``"official"`` and ``"random"`` are the same here: the last
       ``round(test_fraction * 45211)`` records of a ``default_rng(split_seed)``
       permutation are the test set (defaults: 36,169 train / 9,042 test).
+    test_fraction, split_seed: that split.
     scale, add_constant, unit_ball: see :func:`jaxdp.data.tabular.build_tabular_dataset`.
     verify: check the SHA-256 checksum.
     use_tfds, tfds_data_dir, download: TFDS has no Bank Marketing; they only
       change the error message.
   """
-  local, looked = resolve.find_local(FILES, data_dir, verify=verify)
-  if local is None:
-    _, note = tfds_source.try_load(NAME, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
-                                   download=download)
-    raise resolve.not_found_error(NAME, FILES, looked, note)
-  fields, labels = parse_bank_file(local.paths["data"])
-  columns = tuple(fields[:, j] if cat else fields[:, j].astype(np.float64)
-                  for j, cat in enumerate(CATEGORICAL))
-  table = tabular.RawTable(columns=columns, names=ATTRIBUTES, categorical=CATEGORICAL,
-                           labels=labels)
-  train_idx, test_idx = tabular.choose_split(
-      np.arange(table.num_rows), None, split, test_fraction, split_seed)
-  info = dict(source=local.source, files={k: str(v) for k, v in local.paths.items()},
-              records=table.num_rows, split=split, test_fraction=test_fraction,
-              split_seed=split_seed)
+  tabular.check_options(NAME, split, unit_ball, has_test_set=False,
+                        test_fraction=test_fraction, split_seed=split_seed)
+  found = tabular.locate(NAME, FILES, data_dir, verify=verify, use_tfds=use_tfds,
+                         tfds_data_dir=tfds_data_dir, download=download)
+  fields, labels = parse_bank_file(found.paths["data"])
+  table = tabular.RawTable.from_fields(fields, ATTRIBUTES, CATEGORICAL, labels)
   return tabular.build_tabular_dataset(
-      NAME, table, train_idx, test_idx, CLASS_NAMES, scale=scale,
-      add_constant=add_constant, unit_ball=unit_ball, info=info)
+      NAME, table, np.arange(table.num_rows), None, CLASS_NAMES, split=split,
+      test_fraction=test_fraction, split_seed=split_seed, scale=scale,
+      add_constant=add_constant, unit_ball=unit_ball,
+      info=dict(found.info, records=table.num_rows, split=split,
+                test_fraction=test_fraction, split_seed=split_seed))

@@ -15,7 +15,7 @@ import numpy as np
 
 from jaxdp.data import preprocessing
 from jaxdp.data.base import Dataset
-from jaxdp.data.tabular import SPLITS, resolve_unit_ball
+from jaxdp.data.tabular import check_options
 
 NAME = "digits"
 CLASS_NAMES = tuple(str(i) for i in range(10))
@@ -45,9 +45,8 @@ def load_digits(
       so ``jaxdp.data.load`` can pass the same options to every loader.
   """
   del data_dir, unused_source_kwargs
-  if split not in SPLITS:
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}.")
-  mode = resolve_unit_ball(unit_ball)
+  mode = check_options(NAME, split, unit_ball, has_test_set=False, test_fraction=test_fraction,
+                       split_seed=split_seed)
   from sklearn import datasets as sk_datasets  # local: sklearn import is slow
 
   bunch = sk_datasets.load_digits()

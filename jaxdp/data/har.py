@@ -21,9 +21,8 @@ import pathlib
 
 import numpy as np
 
-from jaxdp.data import preprocessing, resolve, tfds_source
+from jaxdp.data import resolve, tabular
 from jaxdp.data.base import DataUnavailableError, Dataset
-from jaxdp.data.tabular import resolve_unit_ball
 
 NAME = "har"
 NUM_FEATURES = 561
@@ -101,14 +100,10 @@ def load_har(
       ``X_test.txt`` are not (the case for ``shared/data``).
     DatasetNotFoundError: no place has the HAR label files.
   """
-  if split != "official":
-    raise ValueError(f"split must be 'official' for har, got {split!r}.")
-  mode = resolve_unit_ball(unit_ball)
-  local, looked = resolve.find_local(FILES, data_dir, verify=verify, optional=FEATURE_FILES)
-  if local is None:
-    _, note = tfds_source.try_load(NAME, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
-                                   download=download)
-    raise resolve.not_found_error(NAME, FILES, looked, note)
+  mode = tabular.check_options(NAME, split, unit_ball, splits=tabular.OFFICIAL_ONLY)
+  found = tabular.locate(NAME, FILES, data_dir, verify=verify, use_tfds=use_tfds,
+                         tfds_data_dir=tfds_data_dir, download=download, optional=FEATURE_FILES)
+  local = found.local
   p = local.paths
   missing = [s for s in FEATURE_FILES if s.key not in p]
   if missing:
@@ -136,14 +131,8 @@ def load_har(
   if len(features) != NUM_FEATURES or len(class_names) != 6:
     raise ValueError("UCI HAR features.txt must list 561 features and "
                      "activity_labels.txt 6 classes.")
-  x_train = _read_matrix(p["x_train"], NUM_TRAIN)
-  x_test = _read_matrix(p["x_test"], NUM_TEST)
-  if mode is not None:
-    x_train, x_test = preprocessing.normalize_train_test(x_train, x_test, mode)
-  return Dataset(
-      x_train=x_train, y_train=(y_train - 1).astype(np.int32), x_test=x_test,
-      y_test=(y_test - 1).astype(np.int32), num_classes=6, class_names=class_names,
-      feature_names=tuple(features), name=NAME,
-      info=dict(source=local.source, files={k: str(v) for k, v in p.items()},
-                subjects_train=s_train.astype(np.int32), subjects_test=s_test.astype(np.int32),
-                unit_ball=mode))
+  return tabular.dense_dataset(
+      NAME, (_read_matrix(p["x_train"], NUM_TRAIN), y_train - 1),
+      (_read_matrix(p["x_test"], NUM_TEST), y_test - 1), class_names, features, mode=mode,
+      info=dict(found.info, subjects_train=s_train.astype(np.int32),
+                subjects_test=s_test.astype(np.int32), unit_ball=mode))

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxdp.data import resolve, tabular, tfds_source
+from jaxdp.data import resolve, tabular
 from jaxdp.data.base import Dataset
 
 NAME = "kddcup99"
@@ -167,23 +167,19 @@ def load_kddcup99(
     A binary :class:`Dataset`, label 1 = attack; ``info["label_counts_train"]``
     and ``info["label_counts_test"]`` give the counts per original label.
   """
-  local, looked = resolve.find_local(FILES, data_dir, verify=verify)
-  if local is not None:
-    table, (tr, te), label_names = parse_kdd_files(local.paths["train"], local.paths["test"])
-    source = dict(source=local.source, files={k: str(v) for k, v in local.paths.items()})
+  tabular.check_options(NAME, split, unit_ball, test_fraction=test_fraction,
+                        split_seed=split_seed)
+  found = tabular.locate(NAME, FILES, data_dir, verify=verify, use_tfds=use_tfds,
+                         tfds_data_dir=tfds_data_dir, download=download)
+  if found.tfds is None:
+    table, (tr, te), label_names = parse_kdd_files(found.paths["train"], found.paths["test"])
   else:
-    splits, note = tfds_source.try_load(NAME, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
-                                        download=download)
-    if splits is None:
-      raise resolve.not_found_error(NAME, FILES, looked, note)
-    table, (tr, te), label_names = _table_from_tfds(splits)
-    source = dict(source=note)
+    table, (tr, te), label_names = _table_from_tfds(found.tfds)
   counts = {}
   for key, idx in (("label_counts_train", tr), ("label_counts_test", te)):
     names, c = np.unique(label_names[idx], return_counts=True)
     counts[key] = dict(zip(names.tolist(), c.tolist()))
-  train_idx, test_idx = tabular.choose_split(tr, te, split, test_fraction, split_seed)
-  info = dict(split=split, **source, **counts)
   return tabular.build_tabular_dataset(
-      NAME, table, train_idx, test_idx, CLASS_NAMES, scale=scale,
-      add_constant=add_constant, unit_ball=unit_ball, info=info)
+      NAME, table, tr, te, CLASS_NAMES, split=split, test_fraction=test_fraction,
+      split_seed=split_seed, scale=scale, add_constant=add_constant, unit_ball=unit_ball,
+      info=dict(split=split, **found.info, **counts))

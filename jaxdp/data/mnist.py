@@ -21,10 +21,8 @@ import pathlib
 
 import numpy as np
 
-from jaxdp.data import resolve, tfds_source
+from jaxdp.data import resolve, tabular
 from jaxdp.data.base import Dataset
-from jaxdp.data.tabular import resolve_unit_ball
-from jaxdp.data import preprocessing
 
 NAME = "mnist"
 CLASS_NAMES = tuple(str(i) for i in range(10))
@@ -86,38 +84,27 @@ def load_mnist(
     verify: check SHA-256 checksums.
     use_tfds, tfds_data_dir, download: the TFDS fallback.
   """
-  if split != "official":
-    raise ValueError(f"split must be 'official' for mnist, got {split!r}.")
-  mode = resolve_unit_ball(unit_ball)
-  local, looked = resolve.find_local(FILES, data_dir, verify=verify)
-  if local is not None:
-    arrays = {k: read_idx(p) for k, p in local.paths.items()}
+  mode = tabular.check_options(NAME, split, unit_ball, splits=tabular.OFFICIAL_ONLY)
+  found = tabular.locate(NAME, FILES, data_dir, verify=verify, use_tfds=use_tfds,
+                         tfds_data_dir=tfds_data_dir, download=download)
+  if found.tfds is None:
+    arrays = {k: read_idx(p) for k, p in found.paths.items()}
     tr_x, tr_y = arrays["train_images"], arrays["train_labels"]
     te_x, te_y = arrays["test_images"], arrays["test_labels"]
     _check(tr_x, tr_y, 60000, "train")
     _check(te_x, te_y, 10000, "test")
-    info = dict(source=local.source, files={k: str(v) for k, v in local.paths.items()})
   else:
-    splits, note = tfds_source.try_load(NAME, use_tfds=use_tfds, tfds_data_dir=tfds_data_dir,
-                                        download=download)
-    if splits is None:
-      raise resolve.not_found_error(NAME, FILES, looked, note)
-    (tr_cols, _), (te_cols, _) = splits["train"], splits["test"]
+    (tr_cols, _), (te_cols, _) = found.tfds["train"], found.tfds["test"]
     tr_x, tr_y = tr_cols["image"].reshape(-1, 28, 28), tr_cols["label"]
     te_x, te_y = te_cols["image"].reshape(-1, 28, 28), te_cols["label"]
     _check(tr_x, tr_y, len(tr_y), "train")
     _check(te_x, te_y, len(te_y), "test")
-    info = dict(source=note)
 
   def features(images: np.ndarray) -> np.ndarray:
     x = images.astype(np.float32) / np.float32(255.0)
     return x.reshape(len(x), -1) if flatten else x
 
-  x_train, x_test = features(tr_x), features(te_x)
-  if mode is not None:
-    x_train, x_test = preprocessing.normalize_train_test(x_train, x_test, mode)
-  info.update(unit_ball=mode, pixel_scale="x = pixel / 255")
-  return Dataset(
-      x_train=x_train, y_train=tr_y.astype(np.int32), x_test=x_test,
-      y_test=te_y.astype(np.int32), num_classes=10, class_names=CLASS_NAMES,
-      feature_names=tuple(f"pixel_{i}" for i in range(784)), name=NAME, info=info)
+  return tabular.dense_dataset(
+      NAME, (features(tr_x), tr_y), (features(te_x), te_y), CLASS_NAMES,
+      [f"pixel_{i}" for i in range(784)], mode=mode,
+      info=dict(found.info, unit_ball=mode, pixel_scale="x = pixel / 255"))

@@ -259,6 +259,19 @@ def one_hot(y: Any, num_classes: int | None = None, dtype: Any = np.float32) -> 
   return out
 
 
+def check_split_arguments(test_fraction: Any, seed: Any) -> float:
+  """Checks the arguments of :func:`train_test_split_indices`; returns ``test_fraction`` as a float."""
+  try:
+    f = float(test_fraction)
+  except (TypeError, ValueError):
+    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction!r}.") from None
+  if not 0.0 < f < 1.0:
+    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
+  if not _is_seed(seed) or seed < 0:
+    raise ValueError(f"split_seed must be an int >= 0, got {seed!r}.")
+  return f
+
+
 def train_test_split_indices(num_examples: int, test_fraction: float,
                              seed: int) -> tuple[np.ndarray, np.ndarray]:
   """Deterministic split: permute with ``default_rng(seed)``, the last ``round(f n)`` are test.
@@ -267,11 +280,7 @@ def train_test_split_indices(num_examples: int, test_fraction: float,
   membership; shuffling is left to :func:`subsample` and the training loop.
   """
   num_examples = _validation.check_positive_int(num_examples, "num_examples")
-  f = float(test_fraction)
-  if not 0.0 < f < 1.0:
-    raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}.")
-  if not _is_seed(seed) or seed < 0:
-    raise ValueError(f"split_seed must be an int >= 0, got {seed!r}.")
+  f = check_split_arguments(test_fraction, seed)
   n_test = int(round(f * num_examples))
   n_test = min(max(n_test, 1), num_examples - 1)
   perm = np.random.default_rng(seed).permutation(num_examples)

@@ -154,3 +154,49 @@ def test_bad_arguments():
     jd.load("digits", test_fraction=1.0)
   with pytest.raises(ValueError, match="split must be 'official' for mnist"):
     jd.load_mnist(split="random")
+
+
+@pytest.mark.parametrize("loader, kwargs, match", [
+    (jd.load_kddcup99, dict(unit_ball="sphere"), "unit_ball must be"),
+    (jd.load_adult, dict(split="bogus"), r"split must be one of \('official', 'random'\)"),
+    (jd.load_adult, dict(split="random", test_fraction=0.0), r"test_fraction must be in \(0, 1\)"),
+    (jd.load_bank, dict(split_seed=-1), "split_seed must be an int >= 0"),
+    (jd.load_bank, dict(test_fraction="a fifth"), r"test_fraction must be in \(0, 1\)"),
+    (jd.load_mnist, dict(split="random"), "split must be 'official' for mnist"),
+    (jd.load_har, dict(unit_ball="sphere"), "unit_ball must be"),
+])
+def test_bad_options_are_refused_before_files_are_looked_for(tmp_path, monkeypatch, loader,
+                                                             kwargs, match):
+  """The shared option check runs first: an empty folder still gives the argument's error."""
+  monkeypatch.delenv("JAXDP_DATA_DIR", raising=False)
+  with pytest.raises(ValueError, match=match):
+    loader(tmp_path, use_tfds=False, **kwargs)
+
+
+def test_split_options_are_checked_only_where_a_split_is_drawn(tmp_path, monkeypatch):
+  """Adult's official split uses its test file, so test_fraction is not read (nor refused)."""
+  monkeypatch.delenv("JAXDP_DATA_DIR", raising=False)
+  with pytest.raises(jd.DatasetNotFoundError):
+    jd.load_adult(tmp_path, test_fraction=5.0, use_tfds=False)
+
+
+def test_malformed_records_and_labels_are_named(tmp_path):
+  from jaxdp.data import adult, bank
+  good = "39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, " \
+         "Not-in-family, White, Male, 2174, 0, 40, United-States, <=50K"
+  path = tmp_path / "adult.data"
+  path.write_text(f"{good}\n{good.replace(', 40,', ',')}\n")
+  with pytest.raises(ValueError, match="record 1 has 14 fields, expected 15"):
+    adult.parse_adult_file(path)
+  path.write_text(f"{good}\n{good.replace('<=50K', 'rich')}\n")
+  with pytest.raises(ValueError, match=r"unexpected labels \['rich'\]"):
+    adult.parse_adult_file(path)
+  path.write_text(f"{good}\n{good.replace('<=50K', '>50K.')}\n")
+  fields, labels = adult.parse_adult_file(path)
+  assert fields.shape == (2, 14) and labels.tolist() == [0, 1] and labels.dtype == np.int32
+  header = ";".join(f'"{a}"' for a in (*bank.ATTRIBUTES, "y"))
+  csv = tmp_path / "bank-full.csv"
+  csv.write_text(header + '\n58;"management";"married";"tertiary";"no";2143;"yes";"no";'
+                 '"unknown";5;"may";261;1;-1;0;"unknown";"maybe"\n')
+  with pytest.raises(ValueError, match=r"unexpected labels \['maybe'\]"):
+    bank.parse_bank_file(csv)
