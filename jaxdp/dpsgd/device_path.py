@@ -10,13 +10,14 @@ selection and clip rule of the host path has its device form here: Poisson
 batches, cyclic Poisson groups (computed once where the rows live; step t
 samples group ``t mod b``, t the noise state's step count), fixed-size and
 user-level batches (the sampler's own device path), and an adaptive clip norm
-read from the state. The clipped sums of the devices are ``psum``-reduced and
+(flat or per-layer, with any selection) read from the state. The clipped sums of the devices are ``psum``-reduced and
 the noise is added ONCE to the total (the sensitivity of the clipped sum does
 not depend on which device computes which part of it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, NamedTuple
 
@@ -107,14 +108,17 @@ def _checked_local_rows(plan: Any, arrays: tuple, names: tuple, mesh: Any) -> tu
 def _placed_and_clipped_sum(plan: Any, arrays: tuple, mesh: Any, padded: int) -> tuple:
   """``(placed data, clipped_sum(params, key, arrays, ...), shapes step() checks or None)``."""
   selection = plan.batch_selection
+  make_grad_fn = _adaptive_grad_fn(plan) if plan.adaptive_clip_norm is not None else None
+  grad_fn = plan.clipped_grad_fn if make_grad_fn is None else None
   checked = None  # what step()'s model check sees, when not the placed arrays
   if selection is not None:
     # Fixed-size subsets / Poisson users, sampled in jit by the sampler's own device path:
-    # the batches of its host sample() for the same key (make_private refuses adaptive
-    # clipping and noise_strategy with a batch_selection).
+    # the batches of its host sample() for the same key; an adaptive clip norm enters each
+    # call as clip_norm= (make_grad_fn).
     placed = selection.place_data(arrays, mesh)
-    clipped_sum = selection.device_clipped_sum_fn(plan.clipped_grad_fn, mesh=mesh,
-                                                  overflow_prob=plan._overflow_prob)  # pylint: disable=protected-access
+    clipped_sum = selection.device_clipped_sum_fn(grad_fn, mesh=mesh,
+                                                  overflow_prob=plan._overflow_prob,  # pylint: disable=protected-access
+                                                  make_grad_fn=make_grad_fn)
     if isinstance(selection, user_sampling.UserPoissonSampler):
       # The placed data is user-major (U, K, ...) plus the example mask; step() probes the
       # loss on the example layout, so it gets the N-row shapes and update uses the placed.
@@ -122,20 +126,39 @@ def _placed_and_clipped_sum(plan: Any, arrays: tuple, mesh: Any, padded: int) ->
                              arrays)
     return placed, clipped_sum, checked
   placed = device_sampling.place_data(arrays, plan.num_examples, mesh)
-  if plan.adaptive_clip_norm is not None:  # the clipped gradients of C_t, built in the step
-    loss_fn, argnums = plan.per_example_loss, plan.batch_argnums
-    micro = plan.clipped_grad_fn.microbatch_size
-    method = getattr(plan.clipped_grad_fn, "method", None) or "auto"
-    clipped_sum = device_sampling.clipped_sum_fn(
-        None, num_examples=plan.num_examples, sample_rate=plan.sample_rate,
-        padded_size=padded, mesh=mesh,
-        make_grad_fn=lambda c: adaptive_clipping.adaptive_clipped_grad(
-            loss_fn, c, batch_argnums=argnums, microbatch_size=micro, method=method))
-  else:
-    clipped_sum = device_sampling.clipped_sum_fn(
-        plan.clipped_grad_fn, num_examples=plan.num_examples, sample_rate=plan.sample_rate,
-        padded_size=padded, mesh=mesh)
+  clipped_sum = device_sampling.clipped_sum_fn(
+      grad_fn, num_examples=plan.num_examples, sample_rate=plan.sample_rate,
+      padded_size=padded, mesh=mesh, make_grad_fn=make_grad_fn)
   return placed, clipped_sum, checked
+
+
+def _adaptive_grad_fn(plan: Any) -> Callable[[Any], Any]:
+  """``clip -> clipped-gradient function`` of an adaptive plan (:func:`.host_path.adaptive_grad_fn`).
+
+  Per-layer, the clip norm crosses the sampler's ``shard_map`` as ONE (G,)
+  vector (the leaves of the state's C_t^l, in ``jax.tree.leaves`` order,
+  rebuilt here into the params' structure: one group per leaf), and the
+  per-group clipped counts come back as the ``num_clipped`` statistic, a
+  ``(1 + G,)`` vector ``[examples clipped, clipped per group]`` summed (and
+  ``psum``-reduced) like the scalar it replaces; :func:`_jitted_update`
+  splits it.
+  """
+  users = isinstance(plan.batch_selection, user_sampling.UserPoissonSampler)
+  make = host_path.adaptive_grad_fn(plan.per_example_loss, plan.clipped_grad_fn,
+                                    batch_argnums=plan.batch_argnums, users=users)
+  if not getattr(plan.clipped_grad_fn, "per_layer", False):
+    return make
+
+  def make_per_layer(clip_vector):
+    def grad_fn(params, masked):
+      leaves = [clip_vector[i] for i in range(len(jax.tree.leaves(params)))]
+      g, info = make(jax.tree.unflatten(jax.tree.structure(params), leaves))(params, masked)
+      counts = jnp.concatenate([jnp.reshape(info.num_clipped, (1,)),
+                                info.num_clipped_per_group])
+      return g, dataclasses.replace(info, num_clipped=counts)
+    return grad_fn
+
+  return make_per_layer
 
 
 def _cyclic_groups(plan: Any, mesh: Any) -> Any:
@@ -157,6 +180,7 @@ def _jitted_update(plan: Any, clipped_sum: Callable[..., Any], groups: Any) -> C
   """``(params, opt_state, key_data, arrays) -> (params, opt_state, StepInfo)``, one jit."""
   tx, b = plan.optimizer, plan.min_separation
   adaptive = plan.adaptive_clip_norm is not None
+  per_layer = adaptive and getattr(plan.clipped_grad_fn, "per_layer", False)
   impl = jax.random.key_impl(plan._sample_key)  # pylint: disable=protected-access
   # As the host update: a correlated-noise plan donates its state (the noise history).
   donate = (1,) if plan.noise_strategy is not None and plan.noise_strategy.state_size else ()
@@ -169,10 +193,13 @@ def _jitted_update(plan: Any, clipped_sum: Callable[..., Any], groups: Any) -> C
       row_mask = groups == (opt_state[0].count % b).astype(groups.dtype)
     clip = adaptive_clipping.current_clip_norm(opt_state) if adaptive else None
     extra = {} if row_mask is None else {"row_mask": row_mask}
-    if adaptive:
-      extra["clip_norm"] = clip
+    if adaptive:  # per-layer: the (G,) vector of the C_t^l (_adaptive_grad_fn)
+      extra["clip_norm"] = (jnp.stack(jax.tree.leaves(clip)) if per_layer else clip)
     gsum, (loss, num, clipped) = clipped_sum(params, step_key, arrays, **extra)
-    return host_path.noisy_update(tx, params, opt_state, gsum, loss, num, clipped, clip)
+    groups = None
+    if per_layer:  # [examples clipped, clipped per group] (_adaptive_grad_fn)
+      clipped, groups = clipped[0], clipped[1:]
+    return host_path.noisy_update(tx, params, opt_state, gsum, loss, num, clipped, clip, groups)
 
   return lambda params, opt_state, key_data, arrays: update_with(
       params, opt_state, key_data, arrays, groups)

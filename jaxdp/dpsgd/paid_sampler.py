@@ -215,7 +215,8 @@ class PaidSampler:
       self.steps_sampled += 1
       self._handed[t] = ticket
       return DeviceBatch(ticket, self._step_key_data(t))
-    chunks = (self._batch_sampler.sample(t, self._key(t)) if self._plan.noise_strategy is not None
+    cyclic = self._plan._participation is not None  # pylint: disable=protected-access
+    chunks = (self._batch_sampler.sample(t, self._key(t)) if cyclic
               else self._batch_sampler.sample(self._key(t)))
     self.steps_sampled += 1
     ticket = PoissonBatch(self._plan, t, chunks, self)

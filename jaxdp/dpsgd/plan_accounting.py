@@ -12,7 +12,16 @@ The event a plan pays is derived from its parts, never stated separately:
 * correlated noise: ONE event for the whole run
   (:func:`~jaxdp.dpsgd.correlated.mf_event`: amplified BandMF, ``k x
   PoissonSampled(p, Gaussian(sigma))``, or the Gaussian of the strategy's
-  (k, b)-participation sensitivity; Choquette-Choo et al. 2023).
+  (k, b)-participation sensitivity; Choquette-Choo et al. 2023); on fixed-size
+  batches :func:`~jaxdp.dpsgd.correlated.accounting.fixed_size_mf_event`
+  (unamplified: ``Gaussian(sigma s_1 / (2 sens_{T,1}(C)))`` replace-one; one
+  band: fixed-size DP-SGD), on Poisson-sampled users ``mf_event`` at b = 1 and
+  the user rate, unit ``"user"``;
+* an adaptive clip norm (flat or per-layer, any selection) changes no event:
+  its gradient and count noises are split so that together they cost sigma
+  (Andrew et al. 2021 Thm 1; whitened, the step is the same DP-SGD step,
+  :func:`~jaxdp.dpsgd.fixed_size_sampling.adaptive_dpsgd_event`,
+  :meth:`~jaxdp.dpsgd.user_sampling.UserPoissonSampler.adaptive_event`).
 
 :func:`calibrate` resolves sigma (given, or the smallest that meets
 ``(target_epsilon, delta)`` by the plan's ``accountant_method``, float64) by
@@ -54,11 +63,21 @@ def check_arguments(delta: Any, allow_extra_steps: Any) -> float | None:
 
 
 def _fixed_size_noise_multiplier(selection: Any, target_epsilon: Any, noise_multiplier: Any,
-                                 delta: Any, steps: int) -> float:
-  """sigma for a fixed-size plan: given, or calibrated by RDP to (target_epsilon, delta)."""
-  return dpsgd_accounting.resolve_with(
-      target_epsilon, noise_multiplier, delta,
-      lambda eps, d: selection.calibrate_noise_multiplier(eps, d, steps))
+                                 delta: Any, steps: int, noise_strategy: Any = None,
+                                 accountant_method: str = "rdp") -> float:
+  """sigma for a fixed-size plan: given, or calibrated to (target_epsilon, delta).
+
+  Independent noise (any clip rule): RDP of ``SampledWithoutReplacement``
+  (Wang, Balle & Kasiviswanathan 2019). Correlated noise: the run's event
+  ``FixedSizeSampler.mf_event`` (unamplified matrix mechanism, or fixed-size
+  DP-SGD for one band), by ``accountant_method``.
+  """
+  if noise_strategy is None:
+    calibrate = lambda eps, d: selection.calibrate_noise_multiplier(eps, d, steps)
+  else:
+    calibrate = lambda eps, d: selection.calibrate_mf_noise_multiplier(
+        noise_strategy, eps, d, steps, accountant_method)
+  return dpsgd_accounting.resolve_with(target_epsilon, noise_multiplier, delta, calibrate)
 
 
 def calibrate(selection: Any, noise_strategy: Any, *, target_epsilon: Any, noise_multiplier: Any,
@@ -72,7 +91,8 @@ def calibrate(selection: Any, noise_strategy: Any, *, target_epsilon: Any, noise
   q, steps, relation = selection.sample_rate, selection.steps, selection.neighbouring
   if isinstance(selection.batch_selection, fixed_size_sampling.FixedSizeSampler):
     return _fixed_size_noise_multiplier(selection.batch_selection, target_epsilon,
-                                        noise_multiplier, delta, steps)
+                                        noise_multiplier, delta, steps, noise_strategy,
+                                        accountant_method)
   if noise_strategy is None:
     return dpsgd_accounting.resolve_noise_multiplier(target_epsilon, noise_multiplier, delta, q,
                                                      steps, accountant=accountant_method,
@@ -103,6 +123,9 @@ def run_event(plan: Any) -> events.DpEvent:
   if plan.noise_strategy is None:
     event = plan.step_event()
     return event if plan.steps == 1 else events.SelfComposedDpEvent(event, plan.steps)
+  if isinstance(plan.batch_selection, fixed_size_sampling.FixedSizeSampler):
+    return plan.batch_selection.mf_event(plan.noise_strategy, plan.noise_multiplier, plan.steps,
+                                         unit=plan.unit)
   return _mf_accounting().mf_event(plan.noise_strategy, noise_multiplier=plan.noise_multiplier,
                                    num_steps=plan.steps, min_separation=plan.min_separation,
                                    sample_rate=plan.sample_rate, unit=plan.unit,
@@ -122,12 +145,16 @@ def epsilon(plan: Any, steps: int, delta: float | None = None) -> float:
     return 0.0
   if plan.noise_multiplier == 0.0:
     return math.inf
+  fixed_size = isinstance(plan.batch_selection, fixed_size_sampling.FixedSizeSampler)
+  if plan.noise_strategy is not None and fixed_size:
+    return plan.batch_selection.mf_epsilon(plan.noise_strategy, plan.noise_multiplier,
+                                           plan.steps, delta, plan.accountant_method)
   if plan.noise_strategy is not None:
     return _mf_accounting().mf_epsilon(
         plan.noise_strategy, noise_multiplier=plan.noise_multiplier, num_steps=plan.steps,
         min_separation=plan.min_separation, sample_rate=plan.sample_rate, delta=delta,
         accountant=plan.accountant_method, neighbouring=plan.neighbouring)
-  if isinstance(plan.batch_selection, fixed_size_sampling.FixedSizeSampler):
+  if fixed_size:
     return plan.batch_selection.epsilon(plan.noise_multiplier, steps, delta,
                                         plan.accountant_method)
   return dpsgd_accounting.dpsgd_epsilon(plan.noise_multiplier, plan.sample_rate, steps,

@@ -63,18 +63,23 @@ def build(per_example_loss: Callable[..., Any], l2_clip_norm: Any, *, batch_argn
   """The clipping part from :func:`.make_private`'s clipping arguments (checked here).
 
   A fixed ``l2_clip_norm`` (per-group norms with ``per_layer``) or an
-  ``AdaptiveClipNorm`` (flat clipping only: the normalised gradient is
-  clipped to 1, in units of C_t). With a ``UserPoissonSampler`` selection
-  each user's examples form one clipped contribution.
+  ``AdaptiveClipNorm``: the normalised gradient is clipped to 1, in units of
+  C_t (flat), or, with ``per_layer``, group l of every per-example gradient to
+  its own C_t^l, one group (one quantile, one noisy count) per params leaf,
+  the whole divided by ``D = sqrt(sum_l (C_t^l)^2)`` (Andrew et al. 2021
+  Alg. 1 per group; McMahan et al. 2018 Sec. 3), so S = 1 in both cases. The
+  ``grad_fn`` returned for an adaptive rule is the template of that
+  clipping (S = 1, its method, microbatches and ``per_layer``); the step
+  builds the function of the current C_t from it. With a
+  ``UserPoissonSampler`` selection each user's examples form one clipped
+  contribution (flat; per-layer and microbatches are refused by
+  :mod:`.plan_selection`).
   """
   batch_argnums = check_batch_argnums(batch_argnums)
   adaptive = None
   if isinstance(l2_clip_norm, adaptive_clipping.AdaptiveClipNorm):
     adaptive = l2_clip_norm
-    if per_layer:
-      raise ValueError("per_layer=True is not available with an adaptive l2_clip_norm "
-                       "(flat clipping of the normalised gradient).")
-    l2_clip_norm = 1.0  # gradients are clipped in units of the current clip norm C_t
+    l2_clip_norm = 1.0  # gradients are clipped in units of the current clip norm(s)
   if isinstance(batch_selection, user_sampling.UserPoissonSampler):
     grad_fn = user_sampling.user_clipped_grad(per_example_loss, l2_clip_norm=l2_clip_norm,
                                               batch_argnums=batch_argnums)

@@ -39,16 +39,20 @@ class Noise(NamedTuple):
     transform: the optax transform adding the noise to the clipped SUM and
       dividing by the expected batch size (first in the plan's optimiser chain).
     gradient_noise_multiplier: the multiplier of the gradient noise: sigma, or
-      sigma_Delta with an adaptive clip norm.
+      sigma_Delta with an adaptive clip norm (per-layer: for one group).
     count_noise_multiplier: sigma_b of the unclipped count (adaptive), or None.
     noise_stddev: the std of the gradient noise (``sigma S``; correlated:
       ``sigma S s_1`` of z; adaptive: in units of the current clip norm).
+    split: per-layer adaptive clipping only (else None): ``G -> (sigma_Delta,
+      sigma_b, noise_stddev)`` for G clip groups, the split the transform
+      makes at ``init`` when it reads G from the params.
   """
 
   transform: optax.GradientTransformation
   gradient_noise_multiplier: float
   count_noise_multiplier: float | None
   noise_stddev: float
+  split: Any = None
 
 
 def check_strategy(noise_strategy: Any, allow_extra_steps: bool) -> None:
@@ -68,53 +72,79 @@ def check_strategy(noise_strategy: Any, allow_extra_steps: bool) -> None:
 
 
 def build(noise_strategy: Any, adaptive: Any, *, sigma: float, sensitivity: float,
-          selection: Any, run_keys: Any) -> Noise:
+          selection: Any, run_keys: Any, per_layer: bool = False) -> Noise:
   """The noise part for the calibrated ``sigma`` (see the module docstring).
 
   Refuses an infinite sensitivity with ``sigma > 0`` (no noise can cover it).
   ``selection`` is the plan's :class:`~.plan_selection.Selection` (divisor,
   T, b, q); ``run_keys`` the run's :mod:`.keys` (the gradient and the count
-  noise have disjoint keys).
+  noise have disjoint keys). ``per_layer`` with an adaptive clip norm: one
+  clip norm and one noisy count per params leaf, G read at ``init``.
   """
   if sigma > 0 and math.isinf(sensitivity):
     raise ValueError("l2_clip_norm must be finite for private training (noise_multiplier > 0).")
   expected, steps = selection.expected_batch_size, selection.steps
-  b, q = selection.min_separation, selection.sample_rate
-  grad_sigma, count_sigma = sigma, None
-  if adaptive is not None:
-    # Andrew et al. 2021 Thm 1: gradient and count noise together cost sigma (whitening).
-    count_sigma = adaptive.resolved_count_noise_multiplier(expected)
-    if noise_strategy is None:
-      grad_sigma = adaptive_clipping.gradient_noise_multiplier(sigma, count_sigma)
-    else:
-      from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
-      grad_sigma = correlated.accounting.adaptive_gradient_noise_multiplier(
-          noise_strategy, noise_multiplier=sigma, count_noise_multiplier=count_sigma,
-          num_steps=steps, min_separation=b, sample_rate=q)
   count_key = None if adaptive is None else run_keys.count_noise
-  tx = _noise_transform(noise_strategy, adaptive, sigma=sigma, grad_sigma=grad_sigma,
-                        sensitivity=sensitivity, expected=expected, steps=steps,
-                        min_separation=b, sample_rate=q, grad_key=run_keys.gradient_noise,
-                        count_key=count_key, count_sigma=count_sigma)
-  if noise_strategy is None:
-    stddev = transforms.noise_stddev(grad_sigma, sensitivity)
-  else:
+  k, r = _participations_and_ratio(noise_strategy, adaptive, steps, selection)
+  tx = _noise_transform(noise_strategy, adaptive, sigma=sigma, sensitivity=sensitivity,
+                        expected=expected, steps=steps, participations=k, ratio=r,
+                        grad_key=run_keys.gradient_noise, count_key=count_key,
+                        per_layer=per_layer)
+
+  def split(g: int) -> tuple[float, float | None, float]:
+    grad_sigma, count_sigma = sigma, None
+    if adaptive is not None:
+      # Andrew et al. 2021 Thm 1 with G counts (whitening): the gradient and the G counts
+      # together cost sigma; k, r of the unamplified matrix mechanism (1, 1 otherwise).
+      count_sigma = adaptive.resolved_count_noise_multiplier(expected, g)
+      grad_sigma = adaptive_clipping.per_layer_gradient_noise_multiplier(
+          sigma, count_sigma, g, participations=k, sensitivity_ratio=r)
+    if noise_strategy is None:
+      return grad_sigma, count_sigma, transforms.noise_stddev(grad_sigma, sensitivity)
     from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
-    stddev = correlated.noise_stddev(noise_strategy, steps, grad_sigma, sensitivity)
-  return Noise(tx, grad_sigma, count_sigma, stddev)
+    return grad_sigma, count_sigma, correlated.noise_stddev(noise_strategy, steps, grad_sigma,
+                                                            sensitivity)
+
+  grad_sigma, count_sigma, stddev = split(1)
+  per_group = split if adaptive is not None and per_layer else None
+  return Noise(tx, grad_sigma, count_sigma, stddev, per_group)
 
 
-def _noise_transform(strategy: Any, adaptive: Any, *, sigma: float, grad_sigma: float,
-                     sensitivity: float, expected: float, steps: int, min_separation: int,
-                     sample_rate: float, grad_key: jax.Array, count_key: Any,
-                     count_sigma: Any) -> optax.GradientTransformation:
+def _participations_and_ratio(strategy: Any, adaptive: Any, steps: int,
+                              selection: Any) -> tuple[int, float]:
+  """``(k, r)`` of the count split: 1, 1 unless the run is the unamplified matrix mechanism.
+
+  Unamplified (:func:`~.correlated.accounting.analysis` is deterministic at the plan's b
+  and q; fixed-size and user selections have b = 1 and q = B / N or the user rate, where
+  ``fixed_size_analysis`` and the users' analysis agree with it): an example takes part in
+  up to ``k = ceil(T / b)`` steps, each moving its counts, and the run's sensitivity ratio
+  is ``r = sens_{k,b}(C) / s_1`` (``fixed_size_adaptive_gradient_noise_multiplier``,
+  ``correlated.accounting.adaptive_gradient_noise_multiplier``).
+  """
+  if adaptive is None or strategy is None:
+    return 1, 1.0
+  from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
+  b, q = selection.min_separation, selection.sample_rate
+  if correlated.accounting.analysis(strategy, b, q) != correlated.accounting.DETERMINISTIC:
+    return 1, 1.0
+  return (correlated.max_participations(steps, b),
+          correlated.accounting.run_sensitivity(strategy, steps, b))
+
+
+def _noise_transform(strategy: Any, adaptive: Any, *, sigma: float, sensitivity: float,
+                     expected: float, steps: int, participations: int, ratio: float,
+                     grad_key: jax.Array, count_key: Any,
+                     per_layer: bool) -> optax.GradientTransformation:
   """The plan's noise: independent or correlated, wrapped by adaptive clipping's count noise.
 
   With an adaptive clip norm the wrapper BUILDS the gradient noise from the total
   sigma (Andrew et al. 2021 Thm 1: ``sigma_Delta`` leaves room for the count
   noise; for the unamplified matrix mechanism with k participations and run
-  sensitivity ratio r, :func:`~.adaptive_clipping.gradient_noise_multiplier`),
-  so the counts can never go unpaid.
+  sensitivity ratio r, :func:`~.adaptive_clipping.per_layer_gradient_noise_multiplier`),
+  so the counts can never go unpaid. Per-layer: one count per params leaf, G
+  read from the params at ``init`` (``num_groups="params"``) with the count
+  noise of the config for G groups (``count_noise_multiplier=None``: the
+  config's value, or ``sqrt(G) qN / 20``, which keeps the split independent of G).
   """
   from jaxdp.dpsgd import correlated  # pylint: disable=g-import-not-at-top
 
@@ -124,15 +154,14 @@ def _noise_transform(strategy: Any, adaptive: Any, *, sigma: float, grad_sigma: 
     return correlated.correlated_noise(strategy, steps, noise_multiplier, s, expected, grad_key)
 
   if adaptive is None:
-    return inner(grad_sigma)
-  k, r = 1, 1.0
-  if strategy is not None and correlated.accounting.analysis(
-      strategy, min_separation, sample_rate) == correlated.accounting.DETERMINISTIC:
-    k = correlated.max_participations(steps, min_separation)
-    r = correlated.accounting.run_sensitivity(strategy, steps, min_separation)
-  return adaptive_clipping.adaptive_clip_noise(
-      lambda s: inner(s, 1.0), adaptive, noise_multiplier=sigma, expected_batch_size=expected,
-      key=count_key, count_noise_multiplier=count_sigma, participations=k, sensitivity_ratio=r)
+    return inner(sigma)
+  args = dict(noise_multiplier=sigma, expected_batch_size=expected, key=count_key,
+              count_noise_multiplier=None, participations=participations,
+              sensitivity_ratio=ratio)
+  if per_layer:
+    return adaptive_clipping.per_layer_adaptive_clip_noise(
+        lambda s: inner(s, 1.0), adaptive, num_groups="params", **args)
+  return adaptive_clipping.adaptive_clip_noise(lambda s: inner(s, 1.0), adaptive, **args)
 
 
 def fresh_noise_state(noise: Any, gradient_key: jax.Array, count_key: jax.Array,

@@ -71,18 +71,29 @@ def check_batch_selection(selection: Any, n: int, *, relation: str, accountant_m
   """Checks a ``batch_selection`` sampler against the plan; returns ``(rate, unit)``.
 
   * :class:`~.fixed_size_sampling.FixedSizeSampler` (B of N without
-    replacement): replace-one neighbours by RDP (Wang, Balle & Kasiviswanathan
-    2019, the only analysis dp_accounting has for this event); the rate
-    reported is ``B / N``.
+    replacement): replace-one neighbours only (N is public and B exact: the
+    bounds below are replace-one results); the rate reported is ``B / N``.
+    Every clip rule (fixed or adaptive, flat or per-layer, microbatches) and
+    every noise: independent and adaptive-clip steps are
+    ``SampledWithoutReplacement(N, B, Gaussian(sigma / 2))`` by RDP (Wang,
+    Balle & Kasiviswanathan 2019; adaptive clipping whitened to the same
+    step, ``fixed_size_sampling.adaptive_dpsgd_event``); correlated noise is
+    the matrix mechanism WITHOUT amplification, every example in up to all T
+    steps (``correlated.accounting.fixed_size_mf_event``; one band: fixed-size
+    DP-SGD). dp_accounting has no PLD of sampling without replacement, so
+    ``accountant_method="pld"`` is refused unless the run's event is the one
+    Gaussian of a multi-band strategy.
   * :class:`~.user_sampling.UserPoissonSampler`: Poisson sampling of users,
     one clipped contribution per user; the privacy unit is ``"user"`` (the
     default unit becomes ``"user"``; another explicit unit is refused).
+    Fixed or adaptive clip norms (Andrew et al. 2021 is stated for users),
+    every noise (correlated: b = 1, amplified for one band only).
 
-  Both fix the batch size themselves (no ``sample_rate`` /
-  ``expected_batch_size``). Correlated noise, adaptive clip norms, per-layer
-  clipping and microbatches are refused with them: jaxdp has no analysis of
-  those combinations (the amplified matrix-mechanism and Andrew et al.
-  bounds are proven for Poisson sampling of examples under add/remove).
+  Refused, with the reason: ``min_separation > 1`` with either (neither
+  sampler guarantees any separation between two participations of a unit;
+  amplified banded MF needs b-min-separated cyclic Poisson sampling,
+  Choquette-Choo et al. 2023 Thm 4); ``per_layer`` and ``microbatch_size``
+  with users (user-level clipping has neither feature).
   """
   fixed = isinstance(selection, fixed_size_sampling.FixedSizeSampler)
   if not fixed and not isinstance(selection, user_sampling.UserPoissonSampler):
@@ -92,13 +103,16 @@ def check_batch_selection(selection: Any, n: int, *, relation: str, accountant_m
   for arg in ("sample_rate", "expected_batch_size"):
     if given[arg] is not None:
       raise ValueError(f"{arg} is fixed by batch_selection={name}; leave it out.")
-  for arg, off in (("noise_strategy", None), ("min_separation", None), ("per_layer", False),
-                   ("microbatch_size", None), ("adaptive", False)):
-    if given[arg] != off:
-      what = "an adaptive l2_clip_norm" if arg == "adaptive" else f"{arg}={given[arg]!r}"
-      raise ValueError(f"{what} is not available with batch_selection={name}: no analysis of "
-                       "that combination is implemented (the correlated-noise and adaptive-"
-                       "clipping guarantees used here assume Poisson sampling of examples).")
+  _check_separation(given["min_separation"], given["noise_strategy"], name)
+  if not fixed:
+    for arg, off in (("per_layer", False), ("microbatch_size", None)):
+      if given[arg] != off:
+        raise ValueError(
+            f"{arg}={given[arg]!r} is not available with batch_selection={name}: user-level "
+            "clipping clips each user's whole gradient as ONE vector (user_clipped_grad) and "
+            "has no per-layer or microbatch mode (the analysis would be unchanged; the feature "
+            "is missing). Memory per step is bounded by the user slots per chunk "
+            "(UserPoissonSampler(padded_size=)).")
   if selection.num_examples != n:
     raise ValueError(f"batch_selection was built for {selection.num_examples} examples but "
                      f"num_examples={n}.")
@@ -107,12 +121,40 @@ def check_batch_selection(selection: Any, n: int, *, relation: str, accountant_m
       raise ValueError("batch_selection=FixedSizeSampler needs neighbouring='replace_one': a "
                        "fixed-size batch reveals nothing about N only under replace-one, and the "
                        "subsampling-without-replacement bound is proven for it.")
-    dpsgd_accounting.check_fixed_size_accountant(accountant_method)
+    _check_fixed_size_accountant(selection, given["noise_strategy"], accountant_method)
     return selection.sample_rate, unit
   if unit not in (events.DEFAULT_UNIT, user_sampling.USER_UNIT):
     raise ValueError(f"batch_selection=UserPoissonSampler protects one user: unit must be "
                      f"{user_sampling.USER_UNIT!r}, got {unit!r}.")
   return selection.sample_rate, user_sampling.USER_UNIT
+
+
+def _check_separation(min_separation: Any, noise_strategy: Any, name: str) -> None:
+  """``min_separation`` with a batch_selection sampler: left out, or 1 with a noise_strategy."""
+  if min_separation is None:
+    return
+  if noise_strategy is None:
+    raise ValueError("min_separation needs noise_strategy (DP-SGD samples every example at "
+                     "every step).")
+  if _validation.check_positive_int(min_separation, "min_separation") > 1:
+    raise ValueError(
+        f"min_separation={min_separation} is not available with batch_selection={name}: the "
+        "sampler gives no separation guarantee (an example or user may take part in any two "
+        "consecutive steps), so cyclic groups and the amplified banded matrix mechanism "
+        "(Choquette-Choo et al. 2023 Thm 4, b-min-separated cyclic Poisson sampling) do not "
+        "apply; that would need a cyclic fixed-size or cyclic user sampler. Leave "
+        "min_separation out (or 1): the run is accounted as the matrix mechanism without "
+        "amplification, every unit in up to all T steps.")
+
+
+def _check_fixed_size_accountant(selection: Any, noise_strategy: Any, accountant_method: str):
+  """RDP for an event sampled without replacement; RDP or PLD for a multi-band MF run's Gaussian."""
+  if noise_strategy is not None and accountant_method in ("rdp", "pld"):
+    from jaxdp.dpsgd.correlated import accounting  # pylint: disable=g-import-not-at-top
+    if accounting.fixed_size_analysis(noise_strategy, selection.num_examples,
+                                      selection.batch_size) == accounting.DETERMINISTIC:
+      return  # one Gaussian for the whole run: PLD and RDP both apply
+  dpsgd_accounting.check_fixed_size_accountant(accountant_method, "accountant_method")
 
 
 def resolve(num_examples: int, *, sample_rate: Any, expected_batch_size: Any, epochs: Any,
@@ -122,9 +164,10 @@ def resolve(num_examples: int, *, sample_rate: Any, expected_batch_size: Any, ep
   """Checks the selection arguments of :func:`.make_private`; fixes relation, unit, q, T and b.
 
   ``refused`` holds the other parts' arguments a ``batch_selection`` sampler
-  refuses (``per_layer``, ``microbatch_size``, ``adaptive``). A
+  may refuse (``per_layer``, ``microbatch_size``: not with users). A
   ``noise_strategy`` (already checked by :func:`.plan_noise.check_strategy`)
-  makes the batches cyclic Poisson over ``min_separation`` groups.
+  makes Poisson batches cyclic Poisson over ``min_separation`` groups; with a
+  ``batch_selection`` sampler the batches stay the sampler's (b = 1).
   """
   n = _validation.check_positive_int(num_examples, "num_examples")
   if isinstance(batch_selection, fixed_size_sampling.FixedSizeSampler):
@@ -146,15 +189,17 @@ def resolve(num_examples: int, *, sample_rate: Any, expected_batch_size: Any, ep
   t_planned = (dpsgd_accounting.steps_for_epochs(epochs, q) if steps is None
                else _validation.check_positive_int(steps, "steps"))
   b = 1
-  if noise_strategy is not None:
+  if noise_strategy is not None and batch_selection is not None:
+    noise_strategy.check_num_steps(t_planned)  # b = 1: the sampler's own batches, no groups
+  elif noise_strategy is not None:
     b, q, t_planned = _cyclic(noise_strategy, n, q, t_planned, sample_rate=sample_rate,
                               expected_batch_size=expected_batch_size, epochs=epochs,
                               steps=steps, min_separation=min_separation)
   elif min_separation is not None:
     raise ValueError("min_separation needs noise_strategy (DP-SGD samples every example at "
                      "every step).")
-  return Selection(n, relation, unit, q, t_planned, b, noise_strategy is not None,
-                   batch_selection)
+  cyclic = noise_strategy is not None and batch_selection is None
+  return Selection(n, relation, unit, q, t_planned, b, cyclic, batch_selection)
 
 
 def _cyclic(noise_strategy: Any, n: int, q: float, t_planned: int, *, sample_rate: Any,
@@ -218,14 +263,14 @@ def with_chunks(selection: Selection, *, physical_batch_size: Any, overflow_prob
 def host_sampler(plan: Any) -> Any:
   """The host form of ``plan``'s selection: the sampler :class:`.PaidSampler` draws batches from.
 
-  Cyclic Poisson (``sample(t, key)``), the ``batch_selection`` sampler, or a
+  The ``batch_selection`` sampler, cyclic Poisson (``sample(t, key)``), or a
   :class:`~.sampling.PoissonSampler` at rate q with chunks of size P whose
   overflow is split into extra chunks (``sample(key)``).
   """
-  if plan.noise_strategy is not None:
-    return plan._participation  # pylint: disable=protected-access
   if plan.batch_selection is not None:
     return plan.batch_selection
+  if plan.noise_strategy is not None:
+    return plan._participation  # pylint: disable=protected-access
   return sampling.PoissonSampler(plan.num_examples, plan.sample_rate,
                                  padded_size=plan.padded_size, on_overflow="split")
 

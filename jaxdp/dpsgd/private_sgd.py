@@ -62,7 +62,10 @@ class PrivateSGD:
     adaptive_clip_norm: the :class:`~.adaptive_clipping.AdaptiveClipNorm`, or None.
     gradient_noise_multiplier: the multiplier of the gradient noise: ``noise_multiplier``,
       or with an adaptive clip norm the sigma_Delta that leaves room for the count noise
-      (Andrew et al. 2021 Thm 1), so that both together cost ``noise_multiplier``.
+      (Andrew et al. 2021 Thm 1), so that both together cost ``noise_multiplier``. With
+      per-layer adaptive clipping the split depends on the number G of clip groups (params
+      leaves), known at :meth:`init`: until then the value for one group, after it the
+      value for the G of the params given (``noise_stddev`` likewise).
   """
 
   noise_multiplier: float
@@ -101,6 +104,7 @@ class PrivateSGD:
   _participation: Any = dataclasses.field(default=None, repr=False)
   _run_keys: Any = dataclasses.field(default=None, repr=False)
   batch_selection: Any = None
+  _noise_split: Any = dataclasses.field(default=None, repr=False)
 
   @property
   def _resume_step(self) -> int:
@@ -248,8 +252,21 @@ class PrivateSGD:
       _inputs.check_labels(arrays[label], names[label] + " (labels)", classes)
 
   def init(self, params: PyTree) -> PrivateState:
-    """The optimiser state for ``params`` (noise key, step count 0, base optimiser state)."""
-    return PrivateState(self.optimizer.init(params))
+    """The optimiser state for ``params`` (noise key, step count 0, base optimiser state).
+
+    Per-layer adaptive clipping: G = the number of params leaves (one clip norm,
+    one quantile and one noisy count each); the noise transform splits sigma for
+    that G (a ValueError naming ``num_groups`` and ``count_noise_multiplier`` when
+    the G counts alone would cost more than sigma, before any noise exists), and
+    ``gradient_noise_multiplier`` / ``noise_stddev`` report that split.
+    """
+    state = PrivateState(self.optimizer.init(params))
+    if self._noise_split is not None:
+      grad_sigma, _, stddev = self._noise_split(len(jax.tree.leaves(params)))
+      # G is known only now; the plan reports the split its transform uses.
+      object.__setattr__(self, "gradient_noise_multiplier", float(grad_sigma))
+      object.__setattr__(self, "noise_stddev", float(stddev))
+    return state
 
   def sampler(self, accountant: Any, *, start_step: int | None = None, data: Any = None,
               mesh: Any = None) -> paid_sampler.PaidSampler:
@@ -301,14 +318,22 @@ class PrivateSGD:
     """
     return plan_accounting.step_event(self)
 
-  def clip_norm(self, state: PrivateState) -> float:
+  def clip_norm(self, state: PrivateState) -> Any:
     """The clip norm the next step uses: fixed, or C_t of an adaptive ``l2_clip_norm``.
 
-    C_t is public (a function of the noisy unclipped counts only; Andrew et al. 2021).
+    A float for flat clipping (and for per-layer clipping with one float C, the
+    C split evenly over the leaves). Per-layer with per-group norms: the pytree
+    given, as floats. Per-layer ADAPTIVE clipping: the per-group C_t^l as a
+    pytree of floats with the structure of params (one group per leaf). C_t is
+    public (a function of the noisy unclipped counts only; Andrew et al. 2021).
     """
     if self.adaptive_clip_norm is None:
-      return float(self.clipped_grad_fn.l2_clip_norm)
-    return float(adaptive_clipping.current_clip_norm(state.opt_state))
+      clip = self.clipped_grad_fn.l2_clip_norm
+    else:
+      clip = adaptive_clipping.current_clip_norm(state.opt_state)
+    if jax.tree_util.treedef_is_leaf(jax.tree.structure(clip)):
+      return float(clip)
+    return jax.tree.map(float, clip)
 
   def run_event(self) -> events.DpEvent:
     """The DpEvent of the whole run: ``T x step_event()``, or the correlated-noise run's event.

@@ -94,8 +94,8 @@ import optax
 
 from jaxdp import _validation
 from jaxdp.accounting import events
-from jaxdp.dpsgd import (adaptive_clipping, checkpointing, host_path, plan_accounting,
-                         plan_checkpoints, plan_clipping, plan_noise, plan_selection)
+from jaxdp.dpsgd import (checkpointing, host_path, plan_accounting, plan_checkpoints,
+                         plan_clipping, plan_noise, plan_selection)
 from jaxdp.dpsgd import keys as keys_lib
 from jaxdp.dpsgd.batches import DeviceBatch, PoissonBatch, PrivateBatch
 from jaxdp.dpsgd.paid_sampler import PaidSampler
@@ -161,8 +161,11 @@ def make_private(
       a correlated-noise run without amplification, the run-level version in
       :func:`~.adaptive_clipping.gradient_noise_multiplier`). The current
       clip norm is :meth:`PrivateSGD.clip_norm` ``(state)`` (public; carried
-      by checkpoints). Host or device data, with or without correlated noise;
-      flat clipping.
+      by checkpoints). Host or device data, with or without correlated noise,
+      any batch selection; flat or, with ``per_layer=True``, one clip norm,
+      one target quantile and one noisy count per params leaf (G read from
+      the params at :meth:`PrivateSGD.init`; the G counts share sigma with
+      the gradient, ``per_layer_gradient_noise_multiplier``; not with users).
     num_examples: dataset size N (the batches are gathered from N rows).
     key: ``jax.random`` key, split like ``train_dpsgd``'s into
       ``(init, sampling, noise) = split(key, 3)``; the init part is not used
@@ -232,8 +235,32 @@ def make_private(
       each contributing ONE clipped gradient of its examples; the privacy unit
       is ``"user"``, McMahan et al. 2018). The sampler fixes the batch size
       (no ``sample_rate`` / ``expected_batch_size``) and its chunk size P.
-      Not combined with correlated noise, adaptive clip norms, per-layer
-      clipping or microbatches (refused: no analysis of those cells here).
+      Either works with fixed or adaptive clip norms and with correlated noise
+      (then b = 1, the sampler's batches, and the run's event is that of the
+      matrix mechanism WITHOUT amplification, every unit in up to all T
+      steps: ``FixedSizeSampler.mf_event`` / ``UserPoissonSampler.mf_event``;
+      one band: DP-SGD's event). An adaptive clip norm leaves every event
+      unchanged (its split makes gradient and counts cost sigma together:
+      ``FixedSizeSampler.adaptive_event``, ``UserPoissonSampler.adaptive_event``).
+      Fixed-size batches also take ``per_layer`` and ``microbatch_size``.
+
+  Cells (selection x clip x noise; host or device, 1 or 2 processes,
+  checkpoints: all work alike):
+
+  * working: Poisson, cyclic Poisson and fixed-size x {fixed, adaptive,
+    per-layer (fixed or adaptive)} x {independent, BandMF, BLT}; users x
+    {fixed, adaptive} x {independent, BandMF, BLT};
+  * refused, with the reason in the error: ``min_separation > 1`` with a
+    ``batch_selection`` sampler (it guarantees no separation between two
+    participations; amplified banded MF needs b-min-separated cyclic Poisson
+    sampling, Choquette-Choo et al. 2023 Thm 4: a cyclic fixed-size or user
+    sampler would be needed); fixed-size with ``neighbouring="add_remove"``
+    (N is public and the subset's law depends on it; the bounds are
+    replace-one); fixed-size with ``accountant_method="pld"`` when the event
+    is sampled without replacement (independent or adaptive noise, one-band
+    MF: dp_accounting has no PLD of it; RDP works); ``per_layer`` or
+    ``microbatch_size`` with users (user-level clipping has neither mode), so
+    per-layer adaptive clipping with users too.
 
   Returns:
     A :class:`PrivateSGD`.
@@ -257,8 +284,7 @@ def make_private(
       epochs=epochs, steps=steps, neighbouring=neighbouring, accountant_method=accountant_method,
       unit=unit, batch_selection=batch_selection, noise_strategy=noise_strategy,
       min_separation=min_separation,
-      refused=dict(per_layer=per_layer, microbatch_size=microbatch_size,
-                   adaptive=isinstance(l2_clip_norm, adaptive_clipping.AdaptiveClipNorm)))
+      refused=dict(per_layer=per_layer, microbatch_size=microbatch_size))
   clip = plan_clipping.build(per_example_loss, l2_clip_norm, batch_argnums=batch_argnums,
                              microbatch_size=microbatch_size, per_layer=per_layer,
                              clipping_method=clipping_method, batch_selection=batch_selection)
@@ -270,14 +296,14 @@ def make_private(
                                     noise_multiplier=noise_multiplier, delta=delta,
                                     accountant_method=accountant_method)
   noise = plan_noise.build(noise_strategy, clip.adaptive, sigma=sigma,
-                           sensitivity=clip.sensitivity, selection=selection, run_keys=run_keys)
+                           sensitivity=clip.sensitivity, selection=selection, run_keys=run_keys,
+                           per_layer=clip.grad_fn.per_layer)
   checkpointer, checkpoint_every = plan_checkpoints.run_checkpointer(
       checkpoint_dir, checkpoint_every, key=key, selection=selection, clip=clip, noise=noise,
       noise_multiplier=sigma, noise_strategy=noise_strategy, accountant_method=accountant_method)
   tx = optax.chain(noise.transform, base)
   update = host_path.host_update(
-      per_example_loss, clip.grad_fn, tx, adaptive=clip.adaptive, batch_argnums=clip.batch_argnums,
-      microbatch_size=microbatch_size, clipping_method=clipping_method,
+      per_example_loss, clip, tx, batch_selection=batch_selection,
       donate_state=noise_strategy is not None and bool(noise_strategy.state_size))
   return PrivateSGD(
       noise_multiplier=float(sigma), sample_rate=selection.sample_rate, steps=selection.steps,
@@ -292,7 +318,7 @@ def make_private(
       _checkpoint_every=checkpoint_every, _physical_batch_size=physical_batch_size,
       _overflow_prob=overflow_prob, noise_strategy=noise_strategy, batch_selection=batch_selection,
       min_separation=selection.min_separation, _participation=selection.participation,
-      adaptive_clip_norm=clip.adaptive,
+      adaptive_clip_norm=clip.adaptive, _noise_split=noise.split,
       gradient_noise_multiplier=float(noise.gradient_noise_multiplier))
 
 

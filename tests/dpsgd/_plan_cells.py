@@ -7,7 +7,9 @@ A cell is one choice on each axis of ``make_private``:
 * selection: ``poisson`` (examples at rate q), ``cyclic`` (cyclic Poisson over
   b = 2 groups), ``fixed_size`` (B of N without replacement, replace-one) or
   ``user`` (users at rate q, one clipped contribution per user);
-* clip: ``fixed`` or ``adaptive`` (``AdaptiveClipNorm``);
+* clip: ``fixed``, ``adaptive`` (``AdaptiveClipNorm``) or ``adaptive_per_layer``
+  (``AdaptiveClipNorm`` with ``per_layer=True``: one clip norm, quantile and
+  noisy count per params leaf, G = 2 here);
 * noise: ``independent``, ``BandMF`` (2 bands) or ``BLT`` (1 buffer);
 * checkpoint: with ``checkpoint_dir`` or without;
 * processes: 1, or 2 (``jax.distributed`` on localhost; device layout).
@@ -33,7 +35,7 @@ from jaxdp.dpsgd.user_sampling import UserPoissonSampler
 N, D, K, T = 96, 5, 3, 4
 LAYOUTS = ("host", "device")
 SELECTIONS = ("poisson", "cyclic", "fixed_size", "user")
-CLIPS = ("fixed", "adaptive")
+CLIPS = ("fixed", "adaptive", "adaptive_per_layer")
 NOISES = ("independent", "BandMF", "BLT")
 
 
@@ -73,12 +75,16 @@ def initial_params() -> dict:
 
 
 def refusal(cell: Cell) -> str | None:
-  """The reason make_private must give for a refused cell (a regex), or None if it works."""
-  if cell.selection in ("fixed_size", "user"):
-    if cell.noise != "independent":
-      return "noise_strategy=.* is not available with batch_selection"
-    if cell.clip == "adaptive":
-      return "adaptive l2_clip_norm is not available with batch_selection"
+  """The reason make_private must give for a refused cell (a regex), or None if it works.
+
+  Only per-layer clipping with user-level sampling is refused in this product: user-level
+  clipping clips each user's gradient as one vector (no per-layer mode). The other
+  refusals (min_separation > 1 with a batch_selection sampler, fixed-size with add/remove
+  or PLD of a sampled-without-replacement event) are outside these axes and tested in
+  test_plan_selection_cells.py.
+  """
+  if cell.selection == "user" and cell.clip == "adaptive_per_layer":
+    return "per_layer=True is not available with batch_selection=UserPoissonSampler"
   return None
 
 
@@ -94,7 +100,8 @@ def plan_kwargs(cell: Cell) -> dict:
   """make_private's arguments for ``cell`` (without key and checkpoint arguments)."""
   kw = dict(num_examples=N, noise_multiplier=1.0, delta=1e-5, steps=T, learning_rate=0.5,
             l2_clip_norm=(AdaptiveClipNorm(initial=0.5, count_noise_multiplier=4.0)
-                          if cell.clip == "adaptive" else 0.5))
+                          if cell.clip.startswith("adaptive") else 0.5),
+            per_layer=cell.clip == "adaptive_per_layer")
   strategy = _strategy(cell)
   if strategy is not None:
     kw.update(noise_strategy=strategy, min_separation=2 if cell.selection == "cyclic" else 1)

@@ -1,7 +1,7 @@
 """Every cell of the plan product works or is refused for its stated reason (issue: composable plan).
 
-{host, device} x {Poisson, cyclic Poisson, fixed-size, user-level} x {fixed, adaptive clip}
-x {independent, BandMF, BLT} x {checkpoint, none} in one process; the 2-process cells are in
+{host, device} x {Poisson, cyclic Poisson, fixed-size, user-level} x {fixed, adaptive,
+per-layer adaptive clip} x {independent, BandMF, BLT} x {checkpoint, none} in one process; the 2-process cells are in
 ``test_plan_cells_multihost.py``. A working cell trains, pays exactly its event, and, killed
 between checkpoints and resumed, ends bit-identical to an uninterrupted run. A representative
 slice is always on; the whole product is ``slow``.
@@ -22,7 +22,9 @@ SLICE = {
             pc.Cell("device", "poisson", "adaptive", "independent"),
             pc.Cell("host", "fixed_size", "fixed", "independent"),
             pc.Cell("device", "user", "fixed", "independent"),
-            pc.Cell("host", "user", "adaptive", "BandMF")},  # refused
+            pc.Cell("host", "user", "adaptive", "BandMF"),  # user x adaptive x correlated
+            pc.Cell("host", "fixed_size", "adaptive_per_layer", "BandMF"),  # G = 2 counts
+            pc.Cell("host", "user", "adaptive_per_layer", "independent")},  # refused
     True: {pc.Cell("device", "cyclic", "adaptive", "BandMF")},
 }
 

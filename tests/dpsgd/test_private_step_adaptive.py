@@ -66,14 +66,18 @@ def test_clip_norm_tracks_the_median_and_the_ledger_pays_sigma(kwargs):
   assert private.gradient_noise_multiplier > 1.0
 
 
-def test_fixed_clip_norm_is_reported_and_adaptive_refusals():
+def test_fixed_and_per_layer_clip_norms_are_reported():
   private = dpsgd.make_private(_loss, l2_clip_norm=0.5, num_examples=N, key=jax.random.key(0),
                                sample_rate=0.1, noise_multiplier=1.0, steps=2)
   assert private.clip_norm(private.init(jnp.zeros((D, K)))) == 0.5
   base = dict(num_examples=N, key=jax.random.key(0), sample_rate=0.1, noise_multiplier=1.0,
               steps=2)
-  with pytest.raises(ValueError, match="per_layer"):
-    dpsgd.make_private(_loss, l2_clip_norm=AdaptiveClipNorm(initial=1.0), per_layer=True, **base)
+  # Per-layer adaptive clipping: one clip norm per params leaf (here one leaf: a float).
+  per_layer = dpsgd.make_private(_loss, l2_clip_norm=AdaptiveClipNorm(initial=1.0),
+                                 per_layer=True, **base)
+  assert per_layer.clip_norm(per_layer.init(jnp.zeros((D, K)))) == 1.0
+  two = per_layer.init({"w": jnp.zeros((D, K)), "b": jnp.zeros(K)})
+  assert per_layer.clip_norm(two) == {"w": 1.0, "b": 1.0}
   private = dpsgd.make_private(_loss, l2_clip_norm=AdaptiveClipNorm(initial=1.0), **base)
   # Device-resident data works too (equality with the host path: test_device_cells.py).
   assert private.sampler(PrivacyAccountant(), data=(X, Y)).device_resident

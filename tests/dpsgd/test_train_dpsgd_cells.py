@@ -151,9 +151,8 @@ def test_refusals_come_before_any_spend():
   with pytest.raises(ValueError, match="on_overflow must be"):
     dpsgd.train_dpsgd(MODEL, X, Y, sample_rate=0.5, on_overflow="truncate", **base)
   # make_private's own refusals reach the caller unchanged, also before any spend.
-  with pytest.raises(ValueError, match="per_layer"):
-    dpsgd.train_dpsgd(MODEL, X, Y, sample_rate=0.5, per_layer=True,
-                      **{**base, "l2_clip_norm": dpsgd.AdaptiveClipNorm(initial=0.1)})
+  with pytest.raises(ValueError, match="min_separation needs noise_strategy"):
+    dpsgd.train_dpsgd(MODEL, X, Y, sample_rate=0.5, min_separation=2, **base)
   assert acc.ledger == ()
 
 
