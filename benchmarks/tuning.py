@@ -8,6 +8,12 @@
    with a random K of mean C (RDP, Papernot & Steinke 2022 Thms 2 and 6) vs
    running all C candidates and releasing them (composition of C runs, RDP),
    and the pure-DP version (Laplace runs: Liu-Talwar 3 eps vs C eps).
+3. Accuracy at equal total epsilon on digits (linear softmax model, model
+   sensitivity, paper 000's protocol of ``experiments/tradeoffs.py``): the
+   hyper-parameter (lambda) chosen (a) by repeat-and-select (private), (b) by
+   basic composition over the C x V candidates (private), (c) by the argmax of
+   held-out accuracies, not accounted (NOT private). ``--quick``: 2 epsilons,
+   2 lambdas, 3 seeds.
 
 Prints a line per measurement and, as its last line, one JSON object.
 
@@ -15,7 +21,11 @@ Prints a line per measurement and, as its last line, one JSON object.
 """
 
 import argparse
+import importlib.util
 import json
+import pathlib
+import sys
+import tempfile
 import time
 
 import jax
@@ -98,7 +108,51 @@ def main():
           f"{row['poisson']:.3f}; pure eps_run=0.5: {row['pure_geometric']:.2f} vs "
           f"{row['pure_composition']:.1f}")
     figures[f"grid{grid}"] = row
+  figures["accuracy_digits"] = accuracy_table(args.quick)
   print(json.dumps(figures))
+
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+SELECTIONS = {"repeat_and_select": "a", "composition": "b", "none": "c"}
+
+
+def _load(relative: str, name: str):
+  if name not in sys.modules:
+    spec = importlib.util.spec_from_file_location(name, _ROOT / relative)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+  return sys.modules[name]
+
+
+def accuracy_table(quick: bool) -> dict:
+  """Test accuracy (mean, s.d. over seeds) of (a)/(b)/(c) selection at equal total epsilon."""
+  experiment = _load("experiments/tradeoffs.py", "tradeoffs")
+  configs = _load("configs/tradeoffs.py", "tradeoffs_config")
+  table: dict = {"dataset": "digits", "method": "model_sensitivity", "delta": 0.0}
+  with tempfile.TemporaryDirectory() as out:
+    for selection, letter in SELECTIONS.items():
+      config = configs.get_config("fig1")
+      config.methods = ("model_sensitivity",)
+      config.deltas = (0.0,)
+      config.axis_values = (3.0, 30.0) if quick else (1.0, 3.0, 10.0, 30.0)
+      config.num_seeds = 3 if quick else 10
+      if quick:
+        config.l2_regs = (1e-2, 1e-1)
+      config.selection = selection
+      config.out_dir = out
+      start = time.perf_counter()
+      rows = experiment.main(config)
+      table[f"{letter}_{selection}_seconds"] = time.perf_counter() - start
+      for r in rows:
+        table[f"{letter}_{selection}_eps{r['epsilon']:g}"] = [r["test_accuracy_mean"],
+                                                               r["test_accuracy_std"]]
+  table["num_seeds"] = 3 if quick else 10
+  for eps in ((3.0, 30.0) if quick else (1.0, 3.0, 10.0, 30.0)):
+    cells = [table[f"{letter}_{sel}_eps{eps:g}"][0] for sel, letter in SELECTIONS.items()]
+    print(f"digits, eps = {eps:g} (delta = 0): (a) repeat-and-select {cells[0]:.3f}, (b) basic "
+          f"composition {cells[1]:.3f}, (c) not accounted (not private) {cells[2]:.3f}")
+  return table
 
 
 if __name__ == "__main__":

@@ -99,7 +99,16 @@ def get_config(figure: str = "fig1") -> ml_collections.ConfigDict:
   config.validation_fraction = 0.2
   config.num_seeds = 0                  # noise draws per point (paper: 100), one batched call
   config.val_seeds = 0                  # noise draws per candidate hyper-parameter
-  config.account_selection = False      # True: charge the selection by basic composition
+  # Hyper-parameter selection (experiments/tradeoffs.py docstring): "none" (the paper's
+  # protocol: argmax of held-out accuracies, NOT private), "repeat_and_select" (private:
+  # jaxdp.tuning, the best of K ~ Logarithmic(repetitions) runs, each a pure fit + a Laplace
+  # validation score; the whole search meets the point's (epsilon, delta)) or "composition"
+  # (private: basic composition over the C x val_seeds candidates and an exponential-mechanism
+  # selection). "" -> from account_selection (True: "repeat_and_select", False: "none").
+  config.selection = ""
+  config.account_selection = False
+  config.repetitions = 8.0              # E[K] of the logarithmic law (repeat_and_select)
+  config.score_fraction = 0.2           # share of a run's epsilon spent on its validation score
   config.max_iter = 500
   config.tol = 1e-6                     # certified non-private fits, teachers
   config.objective_tol = 0.0            # 0 -> preset; loss perturbation's certified tol (-1: AMP)

@@ -15,8 +15,9 @@ every CSV it was drawn from, and ``Command``, the command that drew it;
 ``--check`` (and ``tests/test_docs_figures.py``) compare them with the CSVs, so
 a CSV edited without redrawing its figure is caught.
 
-The tables of ``docs/results.md`` that quote the figures' numbers sit between
-``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->`` and are written by
+The tables of the paper pages (:data:`PAGES`, ``docs/paper_*.md``) that quote the
+figures' numbers sit between ``<!-- generated:NAME -->`` and
+``<!-- /generated:NAME -->`` (each block on exactly one page) and are written by
 this script from the CSVs of :data:`TABLES`: edit the CSV and rerun, never the
 table.
 """
@@ -37,7 +38,8 @@ from typing import NamedTuple
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DATA = ROOT / "docs" / "data"
 FIGURES_DIR = ROOT / "docs" / "figures"
-RESULTS = ROOT / "docs" / "results.md"
+# The paper pages that hold the generated tables (one page per reproduced paper).
+PAGES = tuple(ROOT / "docs" / f"paper_{n}.md" for n in ("000", "001", "003", "004"))
 COMMAND = "python docs/draw_figures.py"
 
 
@@ -62,6 +64,10 @@ class Figure(NamedTuple):
 FIGURES = {
     "tradeoffs_fig1_digits": Figure("tradeoffs", ("tradeoffs_fig1_digits.csv",), "fig1", "digits"),
     "tradeoffs_fig1_mnist": Figure("tradeoffs", ("tradeoffs_fig1_mnist.csv",), "fig1", "mnist"),
+    "tradeoffs_fig1_digits_selection": Figure(
+        "tradeoffs", tuple(f"tradeoffs_fig1_digits_selection_{m}.csv"
+                           for m in ("repeat_and_select", "composition", "none")),
+        "fig1", "digits"),
     "tradeoffs_fig1_mnist_add_remove": Figure(
         "tradeoffs", ("tradeoffs_fig1_mnist_add_remove.csv",), "fig1", "mnist"),
     "tradeoffs_fig2_mnist": Figure("tradeoffs", ("tradeoffs_fig2_mnist.csv",), "fig2", "mnist"),
@@ -124,7 +130,7 @@ FIGURES.update(_ci_figures())
 
 
 class Table(NamedTuple):
-  """A table of ``docs/results.md``: one row per line of the figure, one column per x value.
+  """A table of a paper page (``docs/paper_*.md``): one row per line of the figure, one column per x value.
 
   ``csv``: the figure's rows; ``extra``: ``(csv, label suffix)`` pairs whose rows are
   added as further lines (runs with other settings, e.g. another hyper-parameter grid).
@@ -135,7 +141,7 @@ class Table(NamedTuple):
   extra: tuple[tuple[str, str], ...] = ()
 
 
-# docs/results.md block <!-- generated:<name> --> <- docs/data/<csv>.
+# docs/paper_*.md block <!-- generated:<name> --> <- docs/data/<csv>.
 TABLES = {
     "tradeoffs_fig1_digits": Table("tradeoffs_fig1_digits.csv", "fig1", "digits"),
     "tradeoffs_fig1_mnist": Table("tradeoffs_fig1_mnist.csv", "fig1", "mnist"),
@@ -152,7 +158,7 @@ TABLES = {
 
 
 class CiTable(NamedTuple):
-  """A confidence-interval table of ``docs/results.md`` (paper 003), from one study's CSV.
+  """A confidence-interval table of ``docs/paper_003.md``, from one study's CSV.
 
   ``kind``: the layout (:func:`_ci_table`); ``loss``/``floor``: the rows shown (grid study).
   """
@@ -410,7 +416,7 @@ def draw(names, out_dir: pathlib.Path) -> list[pathlib.Path]:
   for name in names:
     fig = FIGURES[name]
     if fig.plot == "tradeoffs":
-      rows = read_rows(fig.csvs[0])
+      rows = [r for c in fig.csvs for r in read_rows(c)]  # several: one per selection protocol
       config = _tradeoffs_config(fig.figure, fig.dataset, rows)
       experiment("tradeoffs").plot(rows, config, out_dir / f"{name}.png", metadata=metadata(name))
       written.append(out_dir / f"{name}.png")
@@ -498,15 +504,34 @@ def _block(name: str) -> re.Pattern:
                     rf"{re.escape(name)} -->)", re.DOTALL)
 
 
-def render_results(text: str) -> str:
-  """``text`` (docs/results.md) with every generated block rewritten from its CSV."""
-  for name in TABLES:
+def results_text() -> str:
+  """The paper pages (:data:`PAGES`) joined: every generated block is in it once."""
+  return "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
+
+
+def render_results(text: str, names=None) -> str:
+  """``text`` (a paper page, or :func:`results_text`) with its generated blocks rewritten.
+
+  ``names`` (default: every table) are the blocks ``text`` must hold exactly once.
+  """
+  for name in TABLES if names is None else names:
     pattern = _block(name)
     if len(pattern.findall(text)) != 1:
-      raise ValueError(f"docs/results.md must hold exactly one <!-- generated:{name} --> block.")
+      raise ValueError(f"the paper pages (docs/paper_*.md) must hold exactly one "
+                       f"<!-- generated:{name} --> block.")
     generated = table(name)
     text = pattern.sub(lambda m, g=generated: m.group(1) + "\n" + g + "\n\n" + m.group(3), text)
   return text
+
+
+def render_pages() -> dict:
+  """Each paper page's path -> (its text, its text with its generated blocks rewritten)."""
+  render_results(results_text())  # every table exactly once over all pages
+  out = {}
+  for page in PAGES:
+    text = page.read_text(encoding="utf-8")
+    out[page] = (text, render_results(text, [n for n in TABLES if _block(n).search(text)]))
+  return out
 
 
 def check() -> list[str]:
@@ -524,7 +549,7 @@ def check() -> list[str]:
       for key in ("Source", "Command"):
         if have.get(key) != want[key]:
           problems.append(f"{name}: PNG {key} {have.get(key)!r} != {want[key]!r}")
-  text = RESULTS.read_text(encoding="utf-8")
+  text = results_text()
   try:
     rendered = render_results(text)
   except ValueError as e:
@@ -532,7 +557,7 @@ def check() -> list[str]:
   else:
     for name in TABLES:
       if _block(name).search(text).group(2) != _block(name).search(rendered).group(2):
-        problems.append(f"docs/results.md table {name}: not what the CSV gives")
+        problems.append(f"docs/paper_*.md table {name}: not what the CSV gives")
   return problems
 
 
@@ -550,12 +575,13 @@ def main(argv=None) -> int:
     return 1 if problems else 0
   for path in draw(FIGURES, FIGURES_DIR):
     print(f"wrote {path.relative_to(ROOT)}")
-  text = RESULTS.read_text(encoding="utf-8")
-  rendered = render_results(text)
-  if rendered != text:
-    RESULTS.write_text(rendered, encoding="utf-8")
-  print(f"docs/results.md: {len(TABLES)} generated tables"
-        f"{' rewritten' if rendered != text else ' unchanged'}")
+  changed = []
+  for page, (text, rendered) in render_pages().items():
+    if rendered != text:
+      page.write_text(rendered, encoding="utf-8")
+      changed.append(page.name)
+  print(f"docs/paper_*.md: {len(TABLES)} generated tables"
+        f"{' rewritten in ' + ', '.join(changed) if changed else ' unchanged'}")
   return 0
 
 

@@ -72,28 +72,48 @@ from the whole training set in one batched call (the non-private parts -- the
 certified minimiser, the teachers' votes -- computed once) and scored on the
 test set: mean and s.d. over the draws.
 
-As in the paper (default, ``account_selection=False``), the selection is NOT
-private and NOT accounted for: the candidates are trained at the full
-``(epsilon, delta)`` and the winner is the ``argmax`` of their accuracies on
-held-out rows of the private training set, a non-private function of those
-rows; the reported ``(epsilon, delta)`` covers the final release only.
+Selection (``config.selection``). ``"none"`` (the paper's protocol, the
+default): the selection is NOT private and NOT accounted for: the candidates
+are trained at the full ``(epsilon, delta)`` and the winner is the ``argmax``
+of their accuracies on held-out rows of the private training set, a
+non-private function of those rows; the reported ``(epsilon, delta)`` covers
+the final release only.
 
-``--config.account_selection=True`` makes the whole protocol ``(epsilon,
-delta)``-DP (replace-one on the training set) by basic composition (Dwork &
-Roth 2014, Thm. 3.16; derivation in :mod:`jaxdp.training.selection`): with
-``C`` candidates and ``V = val_seeds``, the ``C V`` candidate releases (trained
-on the non-held-out rows; a private-prediction candidate answers exactly B
-held-out queries, the answers it is calibrated for), the final release (all
-rows) and the selection each get one share, ``epsilon / (C V + 2)``; delta is
-split over the ``C V + 1`` releases that have one, ``delta / (C V + 1)`` (the
-selection is pure DP). The selection is
+``"repeat_and_select"`` (also ``--config.account_selection=True``) makes the
+whole protocol ``(epsilon, delta)``-DP with private hyper-parameter tuning
+(Papernot & Steinke 2022, ICLR, Algorithm 1; :func:`jaxdp.tuning.repeat_and_select`):
+K runs, K drawn from ``LogarithmicRepetitions(config.repetitions)`` (E[K] =
+``config.repetitions``; K is never released), each run drawing a candidate
+uniformly, training it on the non-held-out rows at ``eps_fit`` with its pure
+(delta = 0) calibration and scoring it on the held-out rows with
+:func:`jaxdp.tuning.private_accuracy` (Laplace on the count of correct answers,
+sensitivity 1, at ``eps_score``); the best run's MODEL is the release (its test
+accuracy is reported). One run is ``eps_run = eps_fit + eps_score``-DP (basic
+composition; ``eps_score = score_fraction * eps_run``) and the whole search is
+``RepeatAndSelectDpEvent(run, E[K], shape 0)``: for delta = 0, ``2 eps_run``-DP
+(PS22 Thm 2 with eta = 0, lambda -> inf), so ``eps_run = eps / 2``; for
+delta > 0, ``eps_run`` is the largest value whose event the accountant
+(``auto``: the smaller of the pure bound and the RDP conversion of PS22 Thm 2)
+bounds by ``(eps, delta)`` (bisection). Each search is spent on its own
+``PrivacyAccountant`` and checked against the point's ``(eps, delta)``. Private
+training methods with a pure calibration only (model sensitivity, loss
+perturbation); the others are refused.
+
+``"composition"``, for comparison, accounts the selection by basic composition
+(Dwork & Roth 2014, Thm. 3.16; derivation in :mod:`jaxdp.training.selection`):
+with ``C`` candidates and ``V = val_seeds``, the ``C V`` candidate releases
+(trained on the non-held-out rows; a private-prediction candidate answers
+exactly B held-out queries, the answers it is calibrated for), the final
+release (all rows) and the selection each get one share, ``epsilon / (C V +
+2)``; delta is split over the ``C V + 1`` releases that have one, ``delta / (C
+V + 1)`` (the selection is pure DP). The selection is
 :func:`jaxdp.training.private_argmax`, the exponential mechanism over the
 candidates' numbers of correct held-out answers summed over their V draws
 (sensitivity V under replace-one: one held-out row changes each draw's count
 by at most 1; equivalently mean accuracies with sensitivity ``1/n_val``). The
 scores themselves are never published: the row's ``nonprivate_val_accuracy``
-(the chosen candidate's mean held-out accuracy) is a non-private diagnostic in
-both modes.
+(the chosen candidate's mean held-out accuracy) is a non-private diagnostic
+(NaN under repeat-and-select, where no run's score leaves the search).
 
 Figures (``configs/tradeoffs.py``): ``fig1`` accuracy vs epsilon (B = 100,
 delta in {0, 1e-5}); ``fig2`` vs B (epsilon = 1); ``fig3`` vs delta; ``fig4`` vs
@@ -129,7 +149,10 @@ from tqdm import tqdm
 
 from jaxdp import data as jdata
 from jaxdp import prediction as jpred
+from jaxdp import mechanisms as jmech
 from jaxdp import results_io
+from jaxdp import tuning as jtuning
+from jaxdp.accounting import PrivacyAccountant, events as jevents
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp import dpsgd as jdpsgd
 from jaxdp.training import selection as jselection
@@ -167,6 +190,9 @@ RESULT_FIELDS = ("dataset", "l2_regs", "validation_fraction", "num_seeds", "val_
                  "max_iter", "tol", "objective_tol", "warm_start", "gaussian_method",
                  "account_selection", "seed", "neighbouring")
 RELATIONS = ("replace_one", "add_remove")
+SELECTIONS = ("none", "composition", "repeat_and_select")
+# Methods whose run has a pure (delta = 0) calibration: repeat-and-select trains them.
+REPEAT_AND_SELECT_METHODS = ("non_private", "model_sensitivity", "loss_perturbation")
 ADD_REMOVE_METHODS = ("non_private", "loss_perturbation", "dpsgd")
 # Fields that take presets[dataset] (else presets["digits"]) when left at these values.
 PRESET_FIELDS = {"axis_values": (), "epsilons": (), "l2_regs": (), "num_teachers": 0, "num_seeds": 0,
@@ -204,7 +230,29 @@ def resolve_config(config):
   if config.num_seeds < 1 or config.val_seeds < 1:
     raise ValueError(f"config.num_seeds and config.val_seeds must be >= 1, got "
                      f"{config.num_seeds}, {config.val_seeds}.")
+  with config.unlocked():
+    config.selection = selection_mode(config)
+  if config.selection == "repeat_and_select":
+    if not (math.isfinite(float(config.repetitions)) and float(config.repetitions) > 1.0):
+      raise ValueError(f"config.repetitions (E[K] of the logarithmic law) must be finite and "
+                       f"> 1, got {config.repetitions!r}.")
+    if not 0.0 < float(config.score_fraction) < 1.0:
+      raise ValueError(f"config.score_fraction must be in (0, 1), got {config.score_fraction!r}.")
   return config
+
+
+def selection_mode(config) -> str:
+  """``config.selection``, or from ``account_selection`` when it is empty (module docstring)."""
+  mode = config.get("selection", "") or ""
+  accounted = bool(config.get("account_selection", False))
+  if not mode:
+    return "repeat_and_select" if accounted else "none"
+  if mode not in SELECTIONS:
+    raise ValueError(f"config.selection must be one of {SELECTIONS} (or empty), got {mode!r}.")
+  if accounted and mode == "none":
+    raise ValueError("config.account_selection=True contradicts config.selection='none'; set "
+                     f"one of them (selection: {SELECTIONS}).")
+  return mode
 
 
 def grid(config) -> list[tuple]:
@@ -225,6 +273,13 @@ def grid(config) -> list[tuple]:
           "sensitivity calibrate to the replace-one sensitivity of Lemma 1; "
           "subsample-and-aggregate's partition moves under an insertion): with "
           f"config.neighbouring='add_remove' use a subset of {ADD_REMOVE_METHODS}.")
+  if selection_mode(config) == "repeat_and_select":
+    refused = sorted(set(config.methods) - set(REPEAT_AND_SELECT_METHODS))
+    if refused:
+      raise ValueError(
+          f"config.methods {refused}: config.selection='repeat_and_select' trains private "
+          "models with a pure (delta = 0) calibration and releases the best run's model; use a "
+          f"subset of {REPEAT_AND_SELECT_METHODS}, or selection='composition'.")
   base = dict(budget=int(config.budget), n_train=int(config.n_train),
               pca_dims=int(config.pca_dims), num_classes=int(config.num_classes),
               l2_reg=float(config.l2_reg), num_teachers=int(config.num_teachers))
@@ -327,10 +382,99 @@ class _Problem:
 # earlier accounted protocol (np.argmax of the held-out accuracies, eps / (1 + C V)) are not
 # resumed as rows of this one. The paper's protocol (account_selection=False) is unchanged.
 ACCOUNTED_SELECTION = "exponential_mechanism_on_correct_counts_v2"
+REPEAT_AND_SELECT = "repeat_and_select_logarithmic_v1"
 
 
 def _accounts_selection(eps, candidates, config):
-  return bool(config.account_selection) and candidates > 1 and not math.isinf(eps)
+  return selection_mode(config) == "composition" and candidates > 1 and not math.isinf(eps)
+
+
+def _repeats(eps, candidates, config):
+  return selection_mode(config) == "repeat_and_select" and candidates > 1 and not math.isinf(eps)
+
+
+def _run_event(eps_run, config):
+  """One run's DpEvent: the pure release at ``eps_fit`` then the Laplace score at ``eps_score``."""
+  relation = config.neighbouring
+  eps_score = float(config.score_fraction) * eps_run
+  return jevents.ComposedDpEvent([
+      jevents.PureDpEvent(eps_run - eps_score, neighbouring=relation),
+      jmech.laplace_mechanism_event(1.0, eps_score, neighbouring=relation)])
+
+
+def _search_epsilon(eps_run, delta, config) -> float:
+  """The accountant's epsilon at ``delta`` of the whole search with runs of ``eps_run``."""
+  acc = PrivacyAccountant(config.neighbouring)
+  acc.spend(jtuning.LogarithmicRepetitions(float(config.repetitions)).event(
+      _run_event(eps_run, config)))
+  return float(acc.get_epsilon(delta))
+
+
+def run_epsilon(eps, delta, config) -> float:
+  """The per-run epsilon whose repeat-and-select event meets the point's ``(eps, delta)``.
+
+  Logarithmic K (shape 0) and a pure run: ``2 eps_run`` (PS22 Thm 2, lambda -> inf), so
+  ``eps / 2`` at any delta; for delta > 0 the largest ``eps_run`` in ``[eps/2, eps]`` that
+  the accountant bounds by ``eps`` (bisection, 40 steps; the RDP conversion helps at large
+  eps only).
+  """
+  lo = eps / 2.0
+  if _search_epsilon(lo, delta, config) > eps * (1 + 1e-9):
+    raise AssertionError(f"the pure bound 2 eps_run does not hold for eps={eps}")
+  if delta == 0.0:
+    return lo
+  hi = eps
+  if _search_epsilon(hi, delta, config) <= eps:
+    return hi
+  for _ in range(40):
+    mid = 0.5 * (lo + hi)
+    if _search_epsilon(mid, delta, config) <= eps:
+      lo = mid
+    else:
+      hi = mid
+  return lo
+
+
+def _repeat_and_select_point(point, prob, cands, keys, config):
+  """``num_seeds`` private searches (jaxdp.tuning.repeat_and_select); the best run's model each.
+
+  Returns ``(test accuracies, chosen candidate indices, eps_fit, eps_score)``.
+  """
+  s = dict(zip(FIELDS, point))
+  method, eps, delta = s["method"], s["epsilon"], s["delta"]
+  eps_run = run_epsilon(eps, delta, config)
+  per_run = _run_event(eps_run, config)
+  eps_score = float(config.score_fraction) * eps_run
+  eps_fit = eps_run - eps_score
+  score_event = jevents.event_to_dict(per_run.events[1])
+  law = jtuning.LogarithmicRepetitions(float(config.repetitions))
+  xv, yv = prob.eval["fit"]
+  xt, yt = prob.eval["full"]
+
+  def mechanism(run_key, index):
+    k_fit, k_score = jax.random.split(run_key)
+    w = _ave.private_models(method, k_fit[None], "fit", cands[index]["l2_reg"], eps_fit, 0.0,
+                            splits=prob.splits, fits=prob.fits, num_classes=prob.num_classes,
+                            config=config)[0]
+    preds = jnp.argmax(xv @ w, axis=-1)
+    score, ev = jtuning.private_accuracy(k_score, preds, yv, epsilon=eps_score,
+                                         neighbouring=config.neighbouring)
+    if jevents.event_to_dict(ev) != score_event:
+      raise RuntimeError("the score's event differs from the planned one.")
+    return w, score, per_run
+
+  accs, chosen = [], []
+  for seed in range(int(config.num_seeds)):
+    acc = PrivacyAccountant(config.neighbouring)
+    out = jtuning.repeat_and_select(keys.for_(*point, "search", seed), mechanism,
+                                    list(range(len(cands))), repetitions=law, event=per_run,
+                                    accountant=acc)
+    spent = float(acc.get_epsilon(delta))
+    if not spent <= eps * (1 + 1e-9):
+      raise AssertionError(f"the search spent epsilon {spent} > {eps} at delta {delta}")
+    accs.append(float(jnp.mean(jnp.argmax(xt @ out.release, axis=-1) == yt)))
+    chosen.append(int(out.candidate))
+  return np.asarray(accs), chosen, eps_fit, eps_score
 
 
 def _split_budget(eps, delta, candidates, config):
@@ -363,7 +507,7 @@ def _dpsgd_models(keys, prob, split, eps, delta, clip, lr, config):
 def _eval_set(method, prob, split, budget, config):
   """The rows a release of ``split`` is scored on (held-out rows for ``"fit"``, else test)."""
   xe, ye = prob.eval[split]
-  if split == "fit" and config.account_selection and method in PREDICTION:
+  if split == "fit" and selection_mode(config) == "composition" and method in PREDICTION:
     xe, ye = xe[:budget], ye[:budget]  # an accounted candidate answers exactly B queries
   return xe, ye
 
@@ -415,6 +559,21 @@ def run_point(point, problem, keys, config) -> dict:
   method, eps, delta, budget = s["method"], s["epsilon"], s["delta"], s["budget"]
   prob = problem(s["n_train"], s["pca_dims"], s["num_classes"])
   cands = _candidates(method, point, config)
+  if _repeats(eps, len(cands), config):
+    accs, chosen, eps_fit, eps_score = _repeat_and_select_point(point, prob, cands, keys, config)
+    lams = [cands[i]["l2_reg"] for i in chosen]
+    row = dict(s, num_classes=prob.num_classes, n_train=prob.n["full"], augmented=prob.augmented,
+               neighbouring=config.neighbouring, num_features=prob.num_features, kind="training",
+               l2_reg=float(max(set(lams), key=lams.count)), num_teachers=0, clip_norm=0.0,
+               learning_rate=0.0, release_epsilon=float(eps_fit), release_delta=0.0,
+               selection_epsilon=float(eps_score), selection="repeat_and_select",
+               chosen_l2_regs=";".join(f"{v:g}" for v in lams),
+               repetitions=float(config.repetitions), score_fraction=float(config.score_fraction),
+               nonprivate_val_accuracy=float("nan"),
+               test_accuracy_mean=float(accs.mean()), test_accuracy_std=float(accs.std()),
+               num_draws=int(accs.size), seconds=time.time() - start)
+    row["point"] = list(point)
+    return row
   eps_r, delta_r, eps_select = _split_budget(eps, delta, len(cands), config)
   num_val = 1 if method == "non_private" else config.val_seeds
   n_val = int(_eval_set(method, prob, "fit", budget, config)[1].shape[0])
@@ -464,8 +623,11 @@ def main(config) -> list[dict]:
   config = resolve_config(config)
   points = grid(config)
   extra = dict(dpsgd=config.dpsgd.to_dict())
-  if config.account_selection:  # the accounted protocol changed: do not resume its old rows
+  if config.selection == "composition":  # the accounted protocol changed: do not resume old rows
     extra["selection"] = ACCOUNTED_SELECTION
+  elif config.selection == "repeat_and_select":
+    extra["selection"] = dict(protocol=REPEAT_AND_SELECT, repetitions=float(config.repetitions),
+                              score_fraction=float(config.score_fraction))
   log, out = results_io.open_point_log(config, RESULT_FIELDS, extra_settings=extra)
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
@@ -505,6 +667,18 @@ _COLORS = dict(model_sensitivity="C0", loss_perturbation="C1", dpsgd="C2",
                prediction_sensitivity="C3", subsample_aggregate="C4",
                subsample_aggregate_paper_beta="C5")
 _ROW_AXIS = dict(n_train="n_train", pca_dims="num_features")  # the value actually used
+# A row's selection protocol (its "selection" column) -> the curve's name and line style.
+_SELECTION_OF_ROW = dict(repeat_and_select="repeat_and_select",
+                         exponential_mechanism="composition",
+                         argmax_not_accounted="none", none="none")
+_SELECTION_LABELS = dict(repeat_and_select="repeat-and-select (private)",
+                         composition="basic composition (private)",
+                         none="selection not accounted (not private)")
+_SELECTION_STYLES = dict(repeat_and_select="-", composition="-.", none=":")
+
+
+def _row_selection(row) -> str:
+  return _SELECTION_OF_ROW.get(row.get("selection", "none"), "none")
 
 
 def _legend_below(fig, axes, note, ncol, rank, fontsize=7):
@@ -543,20 +717,32 @@ def plot(rows, config, path, metadata=None):
   xkey = _ROW_AXIS.get(axis, axis)
   flat_axes = ("epsilon", "delta", "budget")  # non-private does not move along these
   single_method = len([m for m in config.methods if m != "non_private"]) == 1
-  rank = {}  # legend order: the methods' order, then epsilon
+  # Several selection protocols in one figure (accounted-selection curves): one line per
+  # (method, protocol), the protocol in the label and the line style.
+  modes = [m for m in SELECTIONS[::-1] if any(_row_selection(r) == m for r in rows
+                                                if r["method"] != "non_private")]
+  mixed = len(modes) > 1
+  rank = {}  # legend order: the methods' order, then epsilon (then the protocol)
   for ax, delta in zip(axes[0], panels):
-    for method in config.methods:
+    for method, mode in [(m, md) for m in config.methods
+                         for md in (modes if mixed and m != "non_private" else [None])]:
       for eps in ([None] if axis == "epsilon" else config.epsilons):
         rs = [r for r in rows if r["method"] == method
+              and (mode is None or _row_selection(r) == mode)
               and (method == "non_private" or delta is None or r["delta"] == delta)
               and (method == "non_private" or eps is None or r["epsilon"] == float(eps))]
         if not rs:
           continue
+        if method == "non_private":
+          rs = rs[:1]
         color = (f"C{list(config.epsilons).index(eps) % 10}" if single_method and eps is not None
                  else "k" if method == "non_private" else _COLORS[method])
         label = LABELS[method] + ("" if eps is None or len(config.epsilons) == 1
                                   or method == "non_private" else f", ε = {eps:g}")
-        rank.setdefault(label, (list(config.methods).index(method), eps or 0.0))
+        if mode is not None:
+          label += f", {_SELECTION_LABELS[mode]}"
+        rank.setdefault(label, (list(config.methods).index(method), eps or 0.0,
+                                modes.index(mode) if mode in modes else 0))
         if method == "non_private" and axis in flat_axes:
           ax.axhline(rs[0]["test_accuracy_mean"], color=color, ls=":", label=label)
           continue
@@ -567,7 +753,8 @@ def plot(rows, config, path, metadata=None):
         mean = np.array([r["test_accuracy_mean"] for r in rs])
         std = np.array([r["test_accuracy_std"] for r in rs])
         style = ("--" if method in TRAINING and axis == "budget"
-                 else ":" if method == "subsample_aggregate_paper_beta" else "-")
+                 else ":" if method == "subsample_aggregate_paper_beta"
+                 else _SELECTION_STYLES[mode] if mode is not None else "-")
         ax.plot(xs, mean, style, marker="o", ms=3, label=label, color=color)
         ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.15)
     augmented = sorted({r[xkey] for r in rows if r.get("augmented") is True})
@@ -589,7 +776,12 @@ def plot(rows, config, path, metadata=None):
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
   draws = sorted({r["num_draws"] for r in rows if r["method"] != "non_private"})
-  selection = "accounted" if config.account_selection else "not accounted, as in the paper"
+  selection = ("protocols at the same total (ε, δ): " + "; ".join(
+      _SELECTION_LABELS[m] for m in modes) if mixed else dict(
+                   repeat_and_select="private, repeat-and-select (Papernot-Steinke 2022)",
+                   composition="private, basic composition",
+                   none="not accounted, as in the paper")[
+                       modes[0] if modes else selection_mode(config)])
   relation = config.get("neighbouring", "replace_one").replace("_", "-")
   note = fig.text(0.5, 0.005, f"Paper 000 {config.figure}. Every method (ε, δ)-DP for {relation} "
                   f"neighbours. Mean test accuracy; bands ±1 s.d. over "

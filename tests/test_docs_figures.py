@@ -2,7 +2,7 @@
 
 Every figure in docs/figures carries the sha256 of the CSVs it was drawn from: a CSV
 edited without ``python docs/draw_figures.py`` fails here, and so does a table of
-docs/results.md that does not say what its CSV says.
+the paper pages (docs/paper_*.md) that does not say what its CSV says.
 """
 
 import importlib.util
@@ -78,12 +78,12 @@ def test_redrawing_reproduces_every_committed_figure(tmp_path):
 
 
 def test_results_tables_are_generated_from_the_csvs():
-  text = df.RESULTS.read_text(encoding="utf-8")
+  text = df.results_text()
   for name in df.TABLES:
     match = df._block(name).search(text)  # pylint: disable=protected-access
-    assert match, f"docs/results.md has no <!-- generated:{name} --> block"
+    assert match, f"docs/paper_*.md have no <!-- generated:{name} --> block"
     assert match.group(2) == "\n" + df.table(name) + "\n\n", (
-        f"docs/results.md table {name} is not what its CSV gives: run python docs/draw_figures.py")
+        f"docs/paper_*.md table {name} is not what its CSV gives: run python docs/draw_figures.py")
   # The Fig. 1 DP-SGD rows are the config default's (learning rates {1, 4}), replace-one like
   # every other row of the figure, as the text says.
   fig1 = df.table("tradeoffs_fig1_mnist").splitlines()

@@ -120,7 +120,7 @@ def test_fig6a_fixed_lambda_axis_and_fig5b_classes(tmp_path):
 def test_account_selection_divides_the_budget(tmp_path):
   experiment = _load("experiments/tradeoffs.py")
   config = _tiny(tmp_path, axis_values=(10.0,), methods=("model_sensitivity",), deltas=(0.0,),
-                 account_selection=True, val_seeds=2)
+                 selection="composition", val_seeds=2)
   rows = experiment.main(config)
   # 2 lambdas x 2 validation draws + 1 final release + 1 private selection: eps / 6 each.
   assert rows[0]["release_epsilon"] == pytest.approx(10.0 / 6)  # C V + 2 shares (selection too)

@@ -148,6 +148,18 @@ def host_side(*names: str) -> None:
   HOST_SIDE.update(names)
 
 
+# Host-side entries whose noise check would cost more than seconds in the default run (one
+# noise coordinate per looped release): it runs under ``slow`` (test_conformance.test_noise_slow,
+# full power) and in test_power's rows, with the same assertion.
+SLOW_NOISE: set = set()
+
+
+def slow_noise(*names: str) -> None:
+  """Declares host-side entries whose noise check runs only under ``slow`` (and in test_power)."""
+  SLOW_NOISE.update(names)
+  HOST_SIDE.update(names)
+
+
 def is_vmappable(entry: reg.ReleasePoint) -> bool:
   """False for a declared host-side entry, or once a vmapped release has failed (looped)."""
   return entry.name not in HOST_SIDE and _flag(entry) not in _NOT_VMAPPABLE

@@ -297,3 +297,155 @@ for _law_name in ("GeometricRepetitions", "LogarithmicRepetitions"):
   reg.not_a_release_point(
       f"jaxdp.tuning.{_law_name}.event",
       "builds RepeatAndSelectDpEvent from a public event and the public law of K; releases nothing")
+
+
+# ---------------------------------------------------------------------------
+# PrivateSearchCV (jaxdp.tuning.search_cv): the scikit-learn search, charged once.
+# ---------------------------------------------------------------------------
+#
+# Estimator: PrivateLinearClassifier (output perturbation, binary logistic, paper 003 Alg. 4:
+# pure EPS_FIT-DP under replace-one, the estimators' relation); candidates l2_reg in
+# SEARCH_GRID; private validation score: Laplace on the count of correct predictions
+# (sensitivity 1, Dwork-Roth Thm 3.6) at SEARCH_SCORE_EPS. Data: N_TRAIN training rows on the
+# unit sphere and N_VAL private validation rows passed to fit as X_val, y_val: one dataset,
+# replace-one neighbours differ in ONE row of one part. Per-run event
+# Composed([Pure(EPS_FIT), Laplace(1/SEARCH_SCORE_EPS)]); K ~ Geometric(SEARCH_MEAN_RUNS):
+# the search is 3 (EPS_FIT + SEARCH_SCORE_EPS)-DP (Liu & Talwar 2019; PS22 Thm 2 with eta = 1).
+#
+# The validation rows are the zero vector: a linear model without intercept scores 0 on them
+# and predicts class 0 whatever its weights (noise included), so the count of correct
+# predictions is #{y_val = 0} for every candidate and every run. The worst-case pair moves a
+# validation label from 0 to 1: every run's score drops by 1/N_VAL (the released score is the
+# best of K such scores). The second pair moves a validation row onto the first axis, where the
+# candidates disagree (the strongly regularised one is nearly the non-private direction, the
+# weak one mostly noise): it changes which candidate scores best. The third replaces a
+# training row by its antipode with the other label.
+#
+# The released part: best_estimator_.coef_ (the chosen run's model) and best_score_. The best
+# of K runs is not D's statistic plus one noise draw (a max over runs), so the noise law is
+# checked on the [runs=1] variant: E[K] = 1 + 1e-12 (K = 1 except with probability 1e-12), one
+# candidate; there best_score_ * N_VAL - #{y_val = 0} is exactly one Lap(1/SEARCH_SCORE_EPS)
+# draw (the count is data-fixed, see above).
+
+N_TRAIN, D_SEARCH, N_VAL = 30, 3, 8
+EPS_FIT = 0.5
+SEARCH_SCORE_EPS = 1.0
+SEARCH_GRID = (0.1, 10.0)
+SEARCH_MEAN_RUNS = 3.0
+ONE_RUN = 1.0 + 1e-12  # E[K] of the [runs=1] variant: P[K >= 2] = 1 - 1/E[K] ~ 1e-12
+SEARCH = "jaxdp.tuning.PrivateSearchCV.fit"
+SEARCH_NOISE = "jaxdp.tuning.PrivateSearchCV.fit[runs=1, check=score noise]"
+
+
+def search_pairs() -> list:
+  """Replace-one pairs of (training rows, validation rows); the worst case first."""
+  rng = np.random.default_rng(41)
+  x = rng.normal(size=(N_TRAIN, D_SEARCH))
+  x /= np.linalg.norm(x, axis=1, keepdims=True)
+  y = rng.integers(0, 2, size=N_TRAIN).astype(np.int32)
+  base = {"x": x.astype(np.float32), "y": y, "x_val": np.zeros((N_VAL, D_SEARCH), np.float32),
+          "y_val": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.int32)}
+
+  def replaced(*changes):
+    d = {k: v.copy() for k, v in base.items()}
+    for name, i, value in changes:
+      d[name][i] = value
+    return d
+
+  axis = np.zeros(D_SEARCH, np.float32)
+  axis[0] = 1.0
+  return [(base, replaced(("y_val", 0, 1))),            # every run's score down by 1/N_VAL
+          (base, replaced(("x_val", 7, axis))),          # a row the candidates disagree on
+          (base, replaced(("x", 0, -base["x"][0]), ("y", 0, 1 - base["y"][0])))]
+
+
+def _search(seed=None, accountant=None, one_run: bool = False):
+  from jaxdp import tuning  # pylint: disable=import-outside-toplevel
+  from jaxdp.training.estimators import PrivateLinearClassifier  # pylint: disable=import-outside-toplevel
+  clf = PrivateLinearClassifier(epsilon=EPS_FIT, method="output_perturbation", loss="logistic",
+                                l2_reg=SEARCH_GRID[0], tol=1e-6, classes=[0, 1])
+  return tuning.PrivateSearchCV(
+      clf, param_grid={"l2_reg": list(SEARCH_GRID[:1] if one_run else SEARCH_GRID)},
+      score_epsilon=SEARCH_SCORE_EPS,
+      repetitions=tuning.GeometricRepetitions(ONE_RUN if one_run else SEARCH_MEAN_RUNS),
+      scoring="accuracy", accountant=accountant, delta=0.0, seed=seed)
+
+
+def _search_fit(search, d):
+  return search.fit(d["x"], d["y"], X_val=d["x_val"], y_val=d["y_val"])
+
+
+def _search_event(one_run: bool = False):
+  from jaxdp import tuning  # pylint: disable=import-outside-toplevel
+  from jaxdp.accounting import events  # pylint: disable=import-outside-toplevel
+  run = events.ComposedDpEvent([
+      events.PureDpEvent(EPS_FIT, neighbouring="replace_one"),
+      events.LaplaceDpEvent(1.0 / SEARCH_SCORE_EPS, neighbouring="replace_one")])
+  law = tuning.GeometricRepetitions(ONE_RUN if one_run else SEARCH_MEAN_RUNS)
+  return events.RepeatAndSelectDpEvent(run, law.mean, 1.0)
+
+
+def _search_vector(search) -> np.ndarray:
+  return np.concatenate([np.asarray(search.best_estimator_.coef_, np.float64).ravel(),
+                         [float(search.best_score_)]])
+
+
+# The fitted search's public attributes (its parameters, the events, counts of the public grid)
+# and the released model's public ones (as the estimator entries of entries_training.py).
+_SEARCH_PUBLIC = ("estimator", "param_grid", "score_epsilon", "repetitions", "delta", "n_iter",
+                  "validation_fraction", "event_", "per_run_event_", "epsilon_",
+                  "n_candidates_", "best_index_", "rank_test_score", "epsilon", "l2_reg", "tol",
+                  "max_iter", "h", "amp_fraction", "classes", "classes_", "_num_fits")
+_COVERED = f"covered by {SEARCH} (the same search, K random)"
+
+reg.register(reg.ReleasePoint(
+    name=SEARCH, family="tuning", neighbouring="replace_one", unit="example",
+    guarantee="3 (eps_fit + eps_score)-DP: the best of K ~ Geometric runs, each an eps_fit-DP "
+              "fit (output perturbation, paper 003 Alg. 4) and an eps_score-DP Laplace "
+              "validation count (Dwork-Roth Thm 3.6); Liu-Talwar 2019, PS22 Thm 2",
+    epsilon=3.0 * (EPS_FIT + SEARCH_SCORE_EPS), delta=0.0, pairs=search_pairs,
+    release=lambda key, d: _search_fit(_search(seed=key), d), vector=_search_vector,
+    event=_search_event,
+    charged=lambda d, acc: (_search_fit(_search(seed=jax.random.key(3), accountant=acc), d), 1),
+    fresh=lambda d: _search_fit(_search(), d), sensitivity=None, noise=None,
+    audit=reg.AuditSpec(statistic=lambda s: float(s.best_score_), trials=60, slow_trials=2_000),
+    support="continuous", public_outputs=_SEARCH_PUBLIC,
+    skip={"replay": _SELECTION,
+          "noise": "selection: the released model and score are the best of K runs (a maximum "
+                   f"over runs), not D's statistic plus one noise draw; {SEARCH_NOISE} checks "
+                   "the score's noise with one run"}))
+
+reg.register(reg.ReleasePoint(
+    name=SEARCH_NOISE, family="tuning", neighbouring="replace_one", unit="example",
+    guarantee="one run (K = 1 except with probability 1e-12): the score is the Laplace "
+              "count of correct validation predictions, Lap(1/eps_score) (Dwork-Roth Thm 3.6)",
+    epsilon=3.0 * (EPS_FIT + SEARCH_SCORE_EPS), delta=0.0, pairs=search_pairs,
+    release=lambda key, d: _search_fit(_search(seed=key, one_run=True), d),
+    vector=lambda s: np.array([float(s.best_score_) * N_VAL]),
+    event=lambda: _search_event(one_run=True), charged=None, fresh=None,
+    sensitivity=1.0, norm="l1",
+    noise=reg.NoiseSpec("laplace", 1.0 / SEARCH_SCORE_EPS,
+                        lambda d: np.array([float(np.sum(np.asarray(d["y_val"]) == 0))]),
+                        "Dwork-Roth Thm 3.6: Lap(Delta_1/eps_score), Delta_1 = 1 (one validation "
+                        "row moves the count of correct predictions by at most 1)"),
+    audit=None, support="continuous", public_outputs=_SEARCH_PUBLIC,
+    skip={"charge": _COVERED, "fresh": _COVERED, "audit": _COVERED, "extreme": _COVERED,
+          "no_nonprivate": _COVERED, "support": _COVERED}))
+
+# Every search fit is host-side (scikit-learn clones, numpy certificates); the score-noise
+# variant draws one noise coordinate per search (~15 ms): its noise check runs under slow.
+cc.host_side(SEARCH)
+cc.slow_noise(SEARCH_NOISE)
+
+reg.not_a_release_point(
+    "jaxdp.tuning.PrivateSearchCV",
+    "the constructor stores parameters and reads no data; its fit is registered")
+for _method in ("predict", "predict_proba"):
+  reg.not_a_release_point(
+      f"jaxdp.tuning.PrivateSearchCV.{_method}",
+      "post-processing of the released best_estimator_ (the fit is the registered release) on "
+      "the caller's query rows; spends nothing")
+reg.not_a_release_point(
+    "jaxdp.tuning.fit_events",
+    "reads the DpEvents an estimator's fit would spend (a stand-in accountant stops the fit at "
+    "its spend, before any release); trains, spends and releases nothing")

@@ -559,6 +559,53 @@ INJECTIONS.extend([
 ])
 
 
+# Private hyper-parameter tuning (entries_tuning.py): the per-run mechanism under-noised, and a
+# law of K that is not the one accounted (K fixed at its mean instead of random).
+def _fixed_mean_count(original):
+  del original
+  return lambda law, u: int(round(law.mean))
+
+
+INJECTIONS.extend([
+    Injection("tuning", "jaxdp.tuning.repeat_and_select",
+              "jaxdp.mechanisms.laplace.laplace_scale", scaled(0.8), "noise",
+              "repeat_and_select: the per-run Laplace mechanism's scale x 0.8"),
+    Injection("tuning", "jaxdp.tuning.repeat_and_select[law=logarithmic, audit=law of K]",
+              "jaxdp.tuning.repetitions._draw_count", _fixed_mean_count, "audit",
+              "repeat_and_select: K fixed at its mean instead of the accounted random law"),
+])
+
+
+# PrivateSearchCV (entries_tuning.py): each run's private validation score under-noised (the
+# Laplace scale of jaxdp.tuning.scoring's count, x 0.8), seen on the one-run variant.
+INJECTIONS.append(
+    Injection("tuning", "jaxdp.tuning.PrivateSearchCV.fit[runs=1, check=score noise]",
+              "jaxdp.mechanisms.laplace.laplace_scale", scaled(0.8), "noise",
+              "PrivateSearchCV: the per-run validation score's Laplace scale x 0.8"))
+
+
+# Wired plan cells: selection x {adaptive, correlated}, per-layer adaptive
+# (entries_plan_cells_wired.py): 20% less gradient noise in each.
+INJECTIONS.extend([
+    Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[selection=fixed_size, clip=adaptive]",
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8), "noise",
+              "make_private(FixedSizeSampler, AdaptiveClipNorm): gradient sigma_Delta x 0.8"),
+    Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[selection=user, clip=adaptive]",
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8), "noise",
+              "make_private(UserPoissonSampler, AdaptiveClipNorm): gradient sigma_Delta x 0.8"),
+    Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[selection=fixed_size, noise=BandMF]",
+              "jaxdp.dpsgd.correlated.noise.noise_stddev", scaled(0.8), "noise",
+              "make_private(FixedSizeSampler, BandMF): std of z x 0.8"),
+    Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[selection=user, noise=BandMF]",
+              "jaxdp.dpsgd.correlated.noise.noise_stddev", scaled(0.8), "noise",
+              "make_private(UserPoissonSampler, BandMF): std of z x 0.8"),
+    Injection("dpsgd", "jaxdp.dpsgd.PrivateSGD.step[noise=independent, clip=adaptive, "
+              "per_layer=True]",
+              "jaxdp.dpsgd.adaptive_accounting.gradient_noise_multiplier", scaled(0.8), "noise",
+              "make_private(per_layer=True, AdaptiveClipNorm): sigma_Delta for G counts x 0.8"),
+])
+
+
 _RESULTS: dict[str, str] = {}
 
 
