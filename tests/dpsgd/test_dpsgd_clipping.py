@@ -272,5 +272,46 @@ def test_padded_batch_carries_its_mask():
   chex.assert_trees_all_close(g3, expected, rtol=1e-5, atol=1e-6)
 
 
+# ------------------------------------------------- the plain fast path and its rare recomputation
+
+
+def _linear_loss(w, x):
+  return jnp.sum(w * x)  # gradient = x: the batch rows ARE the per-example gradients
+
+
+@pytest.mark.parametrize("method,micro", [("vmap", None), ("reweight", None), ("vmap", 2)])
+def test_nonfinite_row_contributes_exact_zero_and_huge_row_is_clipped(method, micro):
+  # One batched pass for the finite rows; the inf/NaN rows and the huge one (squares overflow)
+  # go through the rare recomputation: exact zero for the non-finite, norm <= c for the huge.
+  good = jnp.array([[0.3, -0.4, 0.0], [3.0, 4.0, 12.0]], jnp.float32)
+  bad = jnp.array([[jnp.inf, 1.0, 0.0], [jnp.nan, 0.5, 0.0]], jnp.float32)
+  huge = jnp.array([[1e30, -1e30, 3e38]], jnp.float32)
+  f = jax.jit(clipping.clipped_grad(_linear_loss, l2_clip_norm=1.0, method=method,
+                                    microbatch_size=micro))
+  w = jnp.zeros(3)
+  g_all, info = f(w, jnp.concatenate([good, bad, huge]))
+  g_good, _ = f(w, good)
+  g_huge, _ = f(w, huge)
+  assert bool(jnp.all(jnp.isfinite(g_all)))
+  np.testing.assert_allclose(np.asarray(g_all), np.asarray(g_good + g_huge), rtol=1e-6, atol=1e-7)
+  assert 0.999 < float(np.linalg.norm(np.asarray(g_huge, np.float64))) <= 1.0
+  expect_good = np.asarray(good[0]) + np.asarray(good[1]) / 13.0
+  np.testing.assert_allclose(np.asarray(g_good), expect_good, rtol=1e-4)  # c' = c (1 - ~1e-5)
+  norms = np.asarray(info.per_example_norms)
+  assert np.isinf(norms[2:4]).all() and norms[4] > 1e38 and np.isfinite(norms[:2]).all()
+  assert int(info.num_clipped) == 4  # row 1 (norm 13), both non-finite rows, the huge row
+
+
+@pytest.mark.parametrize("method", ["vmap", "reweight", "ghost"])
+def test_tiny_gradient_with_tiny_clip_norm_keeps_the_bound(method):
+  # Entries of 1e-22: their squares (1e-44) are subnormal or flushed to zero, so a plain sum
+  # of squares alone would see a norm of ~0 and leave the vector (norm 3.2e-21) unclipped.
+  x = jnp.full((2, 1000), 1e-22, jnp.float32)
+  clip = 1e-21
+  f = jax.jit(clipping.clipped_grad(_linear_loss, l2_clip_norm=clip, method=method))
+  g, _ = f(jnp.zeros(1000), x[:1])
+  assert 0.0 <= float(np.linalg.norm(np.asarray(g, np.float64))) <= clip
+
+
 if __name__ == "__main__":
   pytest.main([__file__])
