@@ -25,11 +25,35 @@ Five private methods on a multiclass linear (softmax) model, each for a total
 
 * private PREDICTION (noise calibrated to B answers):
 
-  - ``prediction_sensitivity`` (Sec. 3.2, App. C.1, Alg. 6 / 7);
+  - ``prediction_sensitivity`` (Sec. 3.2, App. C.1, Alg. 6 / 7, Thm. 5 / 6):
+    logits ``theta^T x + b`` of the non-private L2-regularised minimiser, ``b``
+    L2-Laplace with ``beta = eps / (B Delta)`` (delta = 0) or Gaussian
+    with the smaller of the basic / advanced composition sigmas (delta > 0), by
+    :func:`jaxdp.prediction.calibrate_prediction_sensitivity` exactly as
+    :class:`jaxdp.prediction.PredictionSensitivityPredictor` does for budget B,
+    scale rounded to float32 towards more noise. Lemma 1 (``||theta(D) -
+    theta(D')|| <= 2K/(N lambda)``) holds for the exact minimiser; the released
+    float32 weights are the float64 certified fit (within ``tol/lambda`` of it,
+    :func:`jaxdp.training.output_perturbation.certified_fit`, repaired and never
+    refused when L-BFGS stops short) rounded to float32, so ``Delta = 2K/(N
+    lambda) + 2 s/lambda`` with ``s = tol + 2^-24 (K + tol)``
+    (:meth:`jaxdp.prediction.PredictionSensitivityPredictor.from_linear_model`'s
+    ``solver_tol``);
   - ``subsample_aggregate`` (App. C.2, Alg. 8) with T teachers on disjoint parts
     and the exponential mechanism with ``beta = eps/(2B)`` for delta = 0 (the
     paper's ``eps/B`` is not eps-DP; see :mod:`jaxdp.prediction.subsample_aggregate`)
-    and ``max(eps/(2B), beta'')`` for delta > 0 (Thm. 8).
+    and ``max(eps/(2B), beta'')`` for delta > 0 (Thm. 8)
+    (:func:`jaxdp.prediction.exponential_aggregation_beta`), rounded down to
+    float32 as :class:`jaxdp.prediction.SubsampleAggregatePredictor` does. T is
+    ``config.num_teachers``, or, with several values in
+    ``config.num_teachers_grid``, chosen on the held-out split together with the
+    teachers' lambda.
+
+The accuracy at budget B is the mean accuracy over the whole test set of answers
+calibrated for B queries (each test point is one query; the expected accuracy of
+B such answers is the same whether B is smaller or larger than the test set);
+the ``noise_scale`` column is the float32 scale of those answers (0 for private
+training).
 
 For comparison only, ``subsample_aggregate_paper_beta`` (not in the default
 methods) is subsample-and-aggregate at delta = 0 with the paper's printed
@@ -54,9 +78,6 @@ ONE relation:
   replace-one sensitivity, and subsample-and-aggregate's partition of the row
   indices moves under an insertion, so they are refused under this relation.
 
-The calibrations are exactly those of ``experiments/prediction_vs_training.py``
-and ``experiments/accuracy_vs_epsilon.py``, whose helpers this script uses.
-
 Where this differs from the paper's reference code (which we have not read
 into ours; the differences are stated in the issue and checked in our tests):
 subsample-and-aggregate answers are eps-DP (half the paper's ``beta``), DP-SGD
@@ -71,6 +92,22 @@ candidate); then ``num_seeds`` (paper: 100) releases with fresh noise are made
 from the whole training set in one batched call (the non-private parts -- the
 certified minimiser, the teachers' votes -- computed once) and scored on the
 test set: mean and s.d. over the draws.
+
+Work shared between points is done once per dataset variant (N, D, C): the
+non-private minimiser for each (split, lambda), certified in float64 within
+``tol/lambda`` (:func:`jaxdp.training.output_perturbation.certified_fit`), to
+which model sensitivity only adds its calibrated noise (exactly
+:func:`jaxdp.training.output_perturbation.model_sensitivity` per call:
+:func:`~jaxdp.training.output_perturbation.output_perturbation_calibration` with
+``solver_tol = tol`` and
+:func:`~jaxdp.training.output_perturbation.add_noise_float64`), from which
+loss perturbation's perturbed solves start (``warm_start``: the release is
+certified within ``tol/Lambda`` of the exact perturbed minimiser whatever the
+start, so the guarantee is unchanged; :mod:`jaxdp.training.objective_perturbation`),
+and whose logits prediction sensitivity perturbs; and the teachers' votes.
+Every random key is derived from what it is drawn for (the point, the split,
+the candidate: :class:`_Keys`), never from the grid or from what was already
+computed, so a resumed run gives the same numbers as an uninterrupted one.
 
 Selection (``config.selection``). ``"none"`` (the paper's protocol, the
 default): the selection is NOT private and NOT accounted for: the candidates
@@ -124,17 +161,22 @@ results); ``fig5a`` vs D (PCA); ``fig5b`` vs C
 (the first C digits); ``fig6a`` loss perturbation vs lambda; ``fig6b``
 subsample-and-aggregate vs T.
 
-Output: ``<out_dir>/tradeoffs_<figure>/<dataset>/``: ``points.jsonl`` (every
-finished point appended as it completes; re-running resumes), ``results.csv``,
-``results.json`` and ``<figure>.png`` (the paper's layout: one panel per delta,
-one line per method, shaded +-1 s.d.).
+Output: ``<out_dir>/tradeoffs_<figure>/<dataset>/`` (``<dataset>_n<N>``,
+``_pca<D>`` when ``n_train`` / ``pca_dims`` are set; runs from any directory,
+``out_dir`` is relative to the current one): ``points.jsonl`` (every finished
+point appended, flushed and fsync'd, as it completes; re-running the same
+command resumes, skipping the points already there:
+:class:`jaxdp.results_io.PointLog`), ``results.csv`` (rewritten after each
+point), ``results.json`` (the resolved config, the rows, and per dataset
+variant its split sizes and the time of its certified fits) and
+``<figure>.png`` (the paper's layout: one panel per delta, one line per method,
+shaded +-1 s.d.).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import importlib.util
 import math
 import pathlib
 import sys
@@ -155,25 +197,153 @@ from jaxdp import tuning as jtuning
 from jaxdp.accounting import PrivacyAccountant, events as jevents
 from jaxdp.mechanisms import noise_scale_as
 from jaxdp import dpsgd as jdpsgd
+from jaxdp.training import objective_perturbation, output_perturbation
 from jaxdp.training import selection as jselection
 
 _HERE = pathlib.Path(__file__).resolve().parent
 CONFIG_FILE = _HERE.parent / "configs" / "tradeoffs.py"
 
 
-def _sibling(name: str):
-  """``experiments/<name>.py`` as a module (experiments are scripts, not a package)."""
-  if name in sys.modules:
-    return sys.modules[name]
-  spec = importlib.util.spec_from_file_location(name, _HERE / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[name] = module
-  spec.loader.exec_module(module)
-  return module
+class _Keys:
+  """Fresh ``jax.random`` keys that depend only on what they are for.
+
+  ``keys.for_(tag, ...)`` is ``fold_in(root, point_seed(tag))``: the same tag
+  always gives the same key, different tags independent keys, whatever else the
+  run computes (so resumed runs reproduce uninterrupted ones). Each tag is used
+  for one draw only.
+  """
+
+  def __init__(self, seed: int):
+    self._root = jax.random.key(seed)
+
+  def for_(self, *tag, num: int | None = None) -> jax.Array:
+    key = jax.random.fold_in(self._root, results_io.point_seed(tag))
+    return key if num is None else jax.random.split(key, num)
 
 
-_ave = _sibling("accuracy_vs_epsilon")      # certified fits, model sensitivity, loss perturbation
-_pvt = _sibling("prediction_vs_training")   # prediction calibrations and vectorised scoring
+@jax.jit
+def _accuracies(weights, x, y):
+  """Accuracy of each model in a ``(M, D, C)`` stack."""
+  return jax.vmap(lambda w: jnp.mean(jnp.argmax(x @ w, axis=-1) == y))(weights)
+
+
+@functools.partial(jax.jit, static_argnames="noise")
+def _noisy_logit_accuracies(keys, logits, y, scale, noise):
+  """Accuracy of argmax(noisy logits) per key: one fresh noise vector per query and key."""
+  def one(key):
+    return jnp.mean(jnp.argmax(jpred.noisy_logits(key, logits, noise, scale), axis=-1) == y)
+  return jax.vmap(one)(keys)
+
+
+@jax.jit
+def _aggregation_accuracies(keys, votes, y, beta):
+  """Accuracy of exponential-mechanism vote aggregation per key."""
+  return jax.vmap(lambda k: jnp.mean(jpred.aggregate_exponential(k, votes, beta) == y))(keys)
+
+
+class _NonPrivateFits:
+  """Certified non-private minimisers, one per (split, lambda), computed on first use.
+
+  Each is :func:`jaxdp.training.output_perturbation.certified_fit`: certified in
+  float64 within ``tol/lambda`` of the exact minimiser (repaired, never refused,
+  when L-BFGS stops short: refusing a fit would depend on the data), the point
+  model sensitivity adds its noise to and prediction sensitivity's
+  ``2 tol/lambda`` slack refers to.
+  """
+
+  def __init__(self, splits, num_classes, config):
+    self._splits, self._c, self._config, self._cache = splits, num_classes, config, {}
+    self.seconds = 0.0
+
+  def certified(self, split: str, l2_reg: float) -> np.ndarray:
+    """Float64 certified weights ``(D, C)``."""
+    if (split, l2_reg) not in self._cache:
+      start = time.time()
+      x, y = self._splits[split]
+      _, cert = output_perturbation.certified_fit(
+          x, y, num_classes=self._c, l2_reg=l2_reg, max_iter=self._config.max_iter,
+          tol=self._config.tol)
+      self._cache[split, l2_reg] = cert.weights
+      self.seconds += time.time() - start
+    return self._cache[split, l2_reg]
+
+  def __call__(self, split: str, l2_reg: float) -> jax.Array:
+    """Float32 certified weights ``(D, C)``."""
+    return jnp.asarray(self.certified(split, l2_reg), jnp.float32)
+
+
+_AMP_FRACTION = 0.01  # loss_perturbation's default share of epsilon for the output noise (AMP)
+
+
+def private_models(method, keys, split, l2_reg, eps, delta, *, splits, fits, num_classes, config):
+  """``(M, D, C)`` weights of ``method`` on ``split`` (``"fit"`` or ``"full"``), one per key.
+
+  ``non_private`` (one model), ``model_sensitivity`` or ``loss_perturbation``
+  under ``config.neighbouring`` (module docstring).
+  """
+  x, y = splits[split]
+  if method == "non_private":
+    return fits(split, l2_reg)[None]
+  if method == "model_sensitivity":
+    # = output_perturbation.model_sensitivity(keys, x, y, ...), sharing the certified fit across
+    # points: Alg. 1 (delta = 0) / Alg. 3 (delta > 0), Delta = 2K/(N lambda) + 2 tol/lambda.
+    cal = output_perturbation.output_perturbation_calibration(
+        num_examples=int(x.shape[0]), l2_reg=l2_reg, epsilon=eps, delta=delta,
+        solver_tol=config.tol)
+    return output_perturbation.add_noise_float64(keys, fits.certified(split, l2_reg), cal)
+  if method == "loss_perturbation":
+    # Approximate Minima Perturbation, certified within objective_tol/Lambda in float64
+    # (objective_tol < 0: the AMP default, output noise ~1% of the objective noise).
+    init = fits(split, l2_reg) if config.warm_start else None
+    if config.neighbouring == "add_remove":
+      # Paper 000 App. B.2 (add/remove): l2_reg = 0 and rho = lambda N + 2LC/eps_1, with
+      # eps_1 = (1 - amp_fraction) eps the objective's share under AMP: the same mean
+      # objective as the replace-one fit at lambda (extra_l2 = rho / N).
+      eps_objective = (1.0 - _AMP_FRACTION) * eps
+      relaxed = dict(l2_reg=0.0, neighbouring="add_remove", amp_fraction=_AMP_FRACTION,
+                     rho=float(l2_reg * x.shape[0] + objective_perturbation.loss_perturbation_rho(
+                         eps_objective, num_classes)))
+    else:
+      relaxed = dict(l2_reg=l2_reg)
+    return objective_perturbation.loss_perturbation(
+        keys, x, y, num_classes=num_classes, epsilon=eps, delta=delta,
+        batch_mode=config.batch_mode, max_iter=config.max_iter,
+        tol=config.objective_tol if config.objective_tol > 0 else None, init_weights=init,
+        **relaxed).weights
+  raise ValueError(f"private_models: unknown method {method!r}.")
+
+
+def _ps_solver_tol(config) -> float:
+  """Distance slack of the float32 certified weights, as ``PredictionSensitivityPredictor``.
+
+  ``tol`` (certified, :class:`_NonPrivateFits`) plus ``2^-24 (K + tol)`` for rounding the
+  certified float64 point (``||theta|| <= (K + tol)/lambda``) to float32, so
+  ``Delta = 2K/(N lambda) + 2 solver_tol/lambda`` (paper 000 Lemma 1 plus strong convexity).
+  """
+  return config.tol + 2.0 ** -24 * (jpred.SOFTMAX_LIPSCHITZ + config.tol)
+
+
+def _prediction_noise(method, eps, delta, budget, n, l2_reg, config):
+  """``(noise, float32 scale)`` of a private-prediction method's answers for ``budget`` queries.
+
+  Rounded to float32 towards more noise (:func:`jaxdp.mechanisms.noise_scale_as`):
+  the rates ``beta`` of the L2-Laplace and of the exponential mechanism down, the
+  Gaussian sigma up.
+  """
+  if method == "prediction_sensitivity":
+    cal = jpred.calibrate_prediction_sensitivity(eps, delta, budget, n, l2_reg,
+                                                 jpred.SOFTMAX_LIPSCHITZ,
+                                                 method=config.gaussian_method,
+                                                 solver_tol=_ps_solver_tol(config))
+    return cal.noise, noise_scale_as(cal.scale, jnp.float32, round_up=cal.noise != "l2_laplace")
+  if method == "subsample_aggregate":
+    beta = jpred.exponential_aggregation_beta(eps, delta, budget)
+  elif method == "subsample_aggregate_paper_beta":
+    beta = eps / budget  # paper 000 Thm. 7 as printed: beta = eps/B, which is (2 eps)-DP
+  else:
+    raise ValueError(f"_prediction_noise: {method!r} is not a private-prediction method.")
+  return "exponential", noise_scale_as(beta, jnp.float32, round_up=False)
+
 
 TRAINING = ("model_sensitivity", "loss_perturbation", "dpsgd")
 PREDICTION = ("prediction_sensitivity", "subsample_aggregate", "subsample_aggregate_paper_beta")
@@ -255,6 +425,21 @@ def selection_mode(config) -> str:
   return mode
 
 
+def teacher_grid(config) -> tuple[int, ...]:
+  """Subsample-and-aggregate's candidate T: ``config.num_teachers_grid``, else ``num_teachers``."""
+  values = tuple(config.num_teachers_grid) or (config.num_teachers,)
+  if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 1 for t in values):
+    raise ValueError(f"config.num_teachers_grid (else config.num_teachers) must hold integers "
+                     f">= 1, got {values!r}.")
+  return tuple(dict.fromkeys(values))
+
+
+def _fixed_teachers(config) -> int:
+  """A point's T: the one candidate, or 0 (chosen on the held-out split from the grid)."""
+  teachers = teacher_grid(config)
+  return teachers[0] if len(teachers) == 1 else 0
+
+
 def grid(config) -> list[tuple]:
   """The figure's points in plotting order (duplicates shared, DP-SGD only for delta > 0)."""
   unknown = set(config.methods) - set(METHODS)
@@ -282,7 +467,7 @@ def grid(config) -> list[tuple]:
           f"subset of {REPEAT_AND_SELECT_METHODS}, or selection='composition'.")
   base = dict(budget=int(config.budget), n_train=int(config.n_train),
               pca_dims=int(config.pca_dims), num_classes=int(config.num_classes),
-              l2_reg=float(config.l2_reg), num_teachers=int(config.num_teachers))
+              l2_reg=float(config.l2_reg), num_teachers=_fixed_teachers(config))
   cast = dict(epsilon=float, delta=float, budget=int, n_train=int, pca_dims=int,
               num_classes=int, l2_reg=float, num_teachers=int)[config.axis]
   points = []
@@ -362,9 +547,16 @@ class _Problem:
                  "full": (jnp.asarray(ds.x_test), jnp.asarray(ds.y_test))}
     self.n = {"fit": len(fit), "full": len(y)}
     self.num_features = int(x.shape[1])
-    self.fits = _ave._NonPrivateFits(self.splits, self.num_classes, config)  # pylint: disable=protected-access
+    self.fits = _NonPrivateFits(self.splits, self.num_classes, config)
     self.config = config
     self._votes = {}
+
+  def summary(self) -> dict:
+    """Sizes of this variant's splits and the time spent on its certified fits."""
+    return dict(n_train=self.n["full"], n_fit=self.n["fit"],
+                n_val=int(self.eval["fit"][1].shape[0]), n_test=int(self.eval["full"][1].shape[0]),
+                num_features=self.num_features, num_classes=self.num_classes,
+                augmented=self.augmented, seconds_nonprivate_fits=self.fits.seconds)
 
   def votes(self, split, t, lam, keys):
     """``(num_eval, C)`` vote counts of ``t`` teachers (lambda ``lam``) on the eval set of ``split``."""
@@ -378,9 +570,8 @@ class _Problem:
     return self._votes[split, t, lam]
 
 
-# Settings fingerprinted (results_io) when the selection is accounted: rows logged by the
-# earlier accounted protocol (np.argmax of the held-out accuracies, eps / (1 + C V)) are not
-# resumed as rows of this one. The paper's protocol (account_selection=False) is unchanged.
+# Names of the accounted selection protocols, fingerprinted (results_io) with their points: a
+# protocol's rows are never resumed as rows of another (a changed protocol gets a new name).
 ACCOUNTED_SELECTION = "exponential_mechanism_on_correct_counts_v2"
 REPEAT_AND_SELECT = "repeat_and_select_logarithmic_v1"
 
@@ -453,9 +644,9 @@ def _repeat_and_select_point(point, prob, cands, keys, config):
 
   def mechanism(run_key, index):
     k_fit, k_score = jax.random.split(run_key)
-    w = _ave.private_models(method, k_fit[None], "fit", cands[index]["l2_reg"], eps_fit, 0.0,
-                            splits=prob.splits, fits=prob.fits, num_classes=prob.num_classes,
-                            config=config)[0]
+    w = private_models(method, k_fit[None], "fit", cands[index]["l2_reg"], eps_fit, 0.0,
+                       splits=prob.splits, fits=prob.fits, num_classes=prob.num_classes,
+                       config=config)[0]
     preds = jnp.argmax(xv @ w, axis=-1)
     score, ev = jtuning.private_accuracy(k_score, preds, yv, epsilon=eps_score,
                                          neighbouring=config.neighbouring)
@@ -517,26 +708,21 @@ def _release_accuracies(method, keys, prob, split, eps, delta, budget, hyper, co
   xe, ye = _eval_set(method, prob, split, budget, config)
   n = prob.n[split]
   if method == "non_private":
-    return _ave._accuracies(prob.fits(split, hyper["l2_reg"])[None], xe, ye)  # pylint: disable=protected-access
+    return _accuracies(prob.fits(split, hyper["l2_reg"])[None], xe, ye)
   if method in ("model_sensitivity", "loss_perturbation"):
-    w = _ave.private_models(method, keys, split, hyper["l2_reg"], eps, delta, splits=prob.splits,
-                            fits=prob.fits, num_classes=prob.num_classes, config=config)
-    return _ave._accuracies(w, xe, ye)  # pylint: disable=protected-access
+    w = private_models(method, keys, split, hyper["l2_reg"], eps, delta, splits=prob.splits,
+                       fits=prob.fits, num_classes=prob.num_classes, config=config)
+    return _accuracies(w, xe, ye)
   if method == "dpsgd":
     w = _dpsgd_models(keys, prob, split, eps, delta, hyper["clip"], hyper["lr"], config)
-    return _ave._accuracies(w, xe, ye)  # pylint: disable=protected-access
-  if method == "prediction_sensitivity":
-    noise, scale = _pvt._ps_scale(eps, delta, budget, n, hyper["l2_reg"], config)  # pylint: disable=protected-access
-    logits = xe @ prob.fits(split, hyper["l2_reg"])
-    return _pvt._noisy_logit_accuracies(keys, logits, ye, scale, noise)  # pylint: disable=protected-access
-  if method in ("subsample_aggregate", "subsample_aggregate_paper_beta"):
-    if method == "subsample_aggregate":
-      beta = jpred.exponential_aggregation_beta(eps, delta, budget)
-    else:  # paper 000 Thm. 7 as printed: beta = eps/B, which is (2 eps)-DP, NOT eps-DP
-      beta = eps / budget
-    beta = noise_scale_as(beta, jnp.float32, round_up=False)
+    return _accuracies(w, xe, ye)
+  if method in PREDICTION:
+    noise, scale = _prediction_noise(method, eps, delta, budget, n, hyper["l2_reg"], config)
+    if method == "prediction_sensitivity":
+      logits = xe @ prob.fits(split, hyper["l2_reg"])
+      return _noisy_logit_accuracies(keys, logits, ye, scale, noise)
     votes = prob.votes(split, hyper["num_teachers"], hyper["l2_reg"], rng_keys)[:ye.shape[0]]
-    return _pvt._aggregation_accuracies(keys, votes, ye, beta)  # pylint: disable=protected-access
+    return _aggregation_accuracies(keys, votes, ye, scale)
   raise ValueError(f"unknown method {method!r}")
 
 
@@ -548,7 +734,8 @@ def _candidates(method, point, config):
     return [dict(clip=float(c), lr=float(lr)) for c in config.dpsgd.clip_norms
             for lr in config.dpsgd.learning_rates]
   if method in ("subsample_aggregate", "subsample_aggregate_paper_beta"):
-    return [dict(num_teachers=s["num_teachers"], l2_reg=lam) for lam in lams]
+    teachers = [s["num_teachers"]] if s["num_teachers"] > 0 else list(teacher_grid(config))
+    return [dict(num_teachers=t, l2_reg=lam) for t in teachers for lam in lams]
   return [dict(l2_reg=lam) for lam in lams]
 
 
@@ -566,6 +753,7 @@ def run_point(point, problem, keys, config) -> dict:
                neighbouring=config.neighbouring, num_features=prob.num_features, kind="training",
                l2_reg=float(max(set(lams), key=lams.count)), num_teachers=0, clip_norm=0.0,
                learning_rate=0.0, release_epsilon=float(eps_fit), release_delta=0.0,
+               noise_scale=0.0,
                selection_epsilon=float(eps_score), selection="repeat_and_select",
                chosen_l2_regs=";".join(f"{v:g}" for v in lams),
                repetitions=float(config.repetitions), score_fraction=float(config.score_fraction),
@@ -602,6 +790,9 @@ def run_point(point, problem, keys, config) -> dict:
              l2_reg=float(hyper.get("l2_reg", 0.0)), num_teachers=int(hyper.get("num_teachers", 0)),
              clip_norm=float(hyper.get("clip", 0.0)), learning_rate=float(hyper.get("lr", 0.0)),
              release_epsilon=float(eps_r), release_delta=float(delta_r),
+             noise_scale=float(_prediction_noise(method, eps_r, delta_r, budget, prob.n["full"],
+                                                 hyper["l2_reg"], config)[1])
+             if method in PREDICTION else 0.0,
              selection_epsilon=float(eps_select) if eps_select is not None else 0.0,
              selection="exponential_mechanism" if eps_select is not None else (
                  "argmax_not_accounted" if len(cands) > 1 else "none"),
@@ -613,7 +804,8 @@ def run_point(point, problem, keys, config) -> dict:
 
 
 def _uniform(rows):
-  """Rows with the same columns (rows logged by older versions may lack newer fields)."""
+  """Rows with the same columns, missing ones empty (a repeat-and-select row has columns that
+  the other rows lack)."""
   fields = list(dict.fromkeys(k for r in rows for k in r))
   return [{k: r.get(k, "") for k in fields} for r in rows]
 
@@ -623,17 +815,26 @@ def main(config) -> list[dict]:
   config = resolve_config(config)
   points = grid(config)
   extra = dict(dpsgd=config.dpsgd.to_dict())
-  if config.selection == "composition":  # the accounted protocol changed: do not resume old rows
+  if config.selection == "composition":  # the protocol's name: no other protocol's rows resume
     extra["selection"] = ACCOUNTED_SELECTION
   elif config.selection == "repeat_and_select":
     extra["selection"] = dict(protocol=REPEAT_AND_SELECT, repetitions=float(config.repetitions),
                               score_fraction=float(config.score_fraction))
+  teachers = teacher_grid(config)
+  if len(teachers) > 1:  # T chosen per point from this grid (the point's num_teachers is 0)
+    extra["num_teachers_grid"] = list(teachers)
   log, out = results_io.open_point_log(config, RESULT_FIELDS, extra_settings=extra)
   todo = [p for p in points if p not in log]
   print(f"{config.name} on {config.dataset}: {len(points) - len(todo)} of {len(points)} points "
         f"already in {out / 'points.jsonl'}", file=sys.stderr)
-  keys = _pvt._Keys(config.seed)  # pylint: disable=protected-access
-  problem = functools.cache(lambda n, d, c: _Problem(config, n, d, c))
+  keys = _Keys(config.seed)
+  problems = {}  # (N, D, C) -> _Problem, built on first use (none if every point is done)
+
+  def problem(n, d, c):
+    if (n, d, c) not in problems:
+      problems[n, d, c] = _Problem(config, n, d, c)
+    return problems[n, d, c]
+
   bar = tqdm(todo, desc=f"{config.name} {config.dataset}")
   for point in bar:
     bar.set_postfix_str(f"{point[0]} {config.axis}={dict(zip(FIELDS, point))[config.axis]}")
@@ -645,7 +846,8 @@ def main(config) -> list[dict]:
   results_io.write_csv_atomic(out / "results.csv", _uniform(rows))
   results_io.write_json_atomic(out / "results.json", dict(
       config=config.to_dict(), seconds_this_run=elapsed, points_computed_this_run=len(todo),
-      backend=jax.default_backend(), rows=rows))
+      backend=jax.default_backend(), datasets=[p.summary() for p in problems.values()],
+      rows=rows))
   figure = out / f"{config.figure}.png"
   plot(rows, config, figure)
   print(f"wrote {out}/results.csv, results.json, {figure.name} ({len(todo)} points computed in "

@@ -77,7 +77,7 @@ def test_accounted_selection_is_private_argmax_with_its_share(tmp_path, monkeypa
   assert again[0]["test_accuracy_mean"] == row["test_accuracy_mean"]
 
 
-def test_paper_protocol_does_not_call_it_and_old_accounted_rows_are_not_resumed(
+def test_paper_protocol_does_not_call_it_and_other_protocols_rows_are_not_resumed(
     tmp_path, monkeypatch):
   experiment = _load("experiments/tradeoffs.py")
   calls = _spy(monkeypatch)
@@ -85,13 +85,13 @@ def test_paper_protocol_does_not_call_it_and_old_accounted_rows_are_not_resumed(
   assert calls == []
   assert rows[0]["selection"] == "argmax_not_accounted"
   assert rows[0]["release_epsilon"] == 10.0 and rows[0]["selection_epsilon"] == 0.0
-  # A log written by the earlier accounted protocol (np.argmax, no "selection" setting)
-  # has another fingerprint: its rows are not resumed.
+  # A log of another accounted protocol (np.argmax, no "selection" setting) has another
+  # fingerprint: its rows are not resumed.
   config = experiment.resolve_config(_tiny(tmp_path, selection="composition"))
-  old_log, out = results_io.open_point_log(config, experiment.RESULT_FIELDS,
+  other_log, out = results_io.open_point_log(config, experiment.RESULT_FIELDS,
                                            extra_settings=dict(dpsgd=config.dpsgd.to_dict()))
   for point in experiment.grid(config):
-    old_log.append(point, [dict(rows[0], release_epsilon=2.0)])
+    other_log.append(point, [dict(rows[0], release_epsilon=2.0)])
   experiment.main(_tiny(tmp_path, selection="composition"))
   assert len(calls) == 1
   meta = json.loads((out / "results.json").read_text())
