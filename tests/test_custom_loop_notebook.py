@@ -59,6 +59,11 @@ def _check_output(text, min_accuracy):
   assert float(final.group(1)) == pytest.approx(eps[-1], abs=1e-3)
   assert min_accuracy < float(final.group(2)) <= 1.0
   assert text.count("refused:") == 2
+  # The tuned run: one repeat-and-select search, its whole epsilon within the target.
+  tuned = re.search(r"tuned run: \{.*\}, private validation score (-?\d\.\d+), test accuracy "
+                    r"(\d\.\d+); epsilon of the whole search (\d+\.\d+)", text)
+  assert tuned, text[-2000:]
+  assert float(tuned.group(3)) <= 3.0 + 1e-3 and 0.0 <= float(tuned.group(2)) <= 1.0
   assert "_compute_log_a_frac failed to converge" not in text
 
 

@@ -128,6 +128,6 @@ for _name, _what in {
 }.items():
   reg.not_a_release_point(_name, _SELECTION_ACCOUNTING.format(what=_what))
 reg.not_a_release_point(
-    "jaxdp.dpsgd.user_sampling.UserClippedGradFn",
+    "jaxdp.dpsgd.user_clipping.UserClippedGradFn",
     "the per-user clipped-sum function's type (sensitivity C per user); adds no noise and "
     "releases nothing; the release is PrivateSGD.step[selection=user]")
