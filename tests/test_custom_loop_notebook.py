@@ -19,15 +19,26 @@ def _python_blocks(markdown: str) -> list[str]:
   return re.findall(r"^```python\n(.*?)^```", markdown, flags=re.S | re.M)
 
 
-def test_guide_code_blocks_run_in_order():
+def _run_guide_blocks(count=None) -> dict:
   blocks = _python_blocks(GUIDE.read_text())
   assert len(blocks) >= 3
   namespace: dict = {"__name__": "__guide__"}
-  for i, block in enumerate(blocks):
+  for i, block in enumerate(blocks[:count]):
     exec(compile(block, f"{GUIDE.name}[block {i}]", "exec"), namespace)  # pylint: disable=exec-used
   # The first block trains to the target and its ledger holds exactly the steps taken.
   assert namespace["sampler"].epsilon() <= 2.0
   assert namespace["accountant"].ledger[0][1] == namespace["private"].steps
+  return namespace
+
+
+def test_guide_first_block_trains_to_its_target():
+  """The guide's main loop (its first block); every block runs in order under slow."""
+  _run_guide_blocks(count=1)
+
+
+@pytest.mark.slow
+def test_guide_code_blocks_run_in_order():
+  _run_guide_blocks()
 
 
 def test_notebook_is_valid_nbformat_with_cell_ids():

@@ -86,6 +86,7 @@ def _objective_gradient(n, loss, l2_reg, extra_l2):
       w, d[0], d[1], loss=loss, l2_reg=l2_reg, extra_l2=extra_l2))
 
 
+@pytest.mark.slow
 def test_loss_perturbation_audit():
   # Paper 000 Alg. 4 (multiclass loss perturbation) with the replace-one
   # calibration matching the replace-one pair. 2-D inputs, 2 classes.

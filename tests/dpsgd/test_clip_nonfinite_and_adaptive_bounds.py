@@ -37,9 +37,10 @@ _HUGE = jnp.array([[1e30, -1e30]], jnp.float32)
 _BAD = jnp.array([[jnp.inf, 1.0], [jnp.nan, 0.5]], jnp.float32)
 
 # (method, per_layer, microbatch_size)
-# Always on: flat vmap and per-layer ghost; every other clipper under `slow` (same assertions).
+# Always on: per-layer ghost (flat vmap and reweight: test_dpsgd_clipping); every other clipper under `slow` (same assertions).
 _SLOW = pytest.mark.slow
-_CLIPPERS = [("vmap", False, None), pytest.param("vmap", True, None, marks=_SLOW),
+_CLIPPERS = [pytest.param("vmap", False, None, marks=_SLOW),  # always on: test_dpsgd_clipping
+             pytest.param("vmap", True, None, marks=_SLOW),
              pytest.param("ghost", False, None, marks=_SLOW), ("ghost", True, None),
              pytest.param("reweight", False, None, marks=_SLOW),
              pytest.param("vmap", True, 2, marks=_SLOW), pytest.param("ghost", False, 2, marks=_SLOW)]

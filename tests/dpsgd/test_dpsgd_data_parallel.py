@@ -18,6 +18,7 @@ import pytest
 from jaxdp.dpsgd import clipping, data_parallel
 
 
+@pytest.mark.slow
 @pytest.mark.multidevice
 def test_eight_devices_equal_one_device():
   script = pathlib.Path(__file__).with_name("_multidevice_check.py")

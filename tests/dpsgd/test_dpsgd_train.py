@@ -287,6 +287,7 @@ def _mnist_linear(data_dir, n_train, epochs, batch, lr):
   return res, acc
 
 
+@pytest.mark.slow
 @pytest.mark.data
 def test_mnist_linear_eps1_subset(data_dir):
   # 20k training images, expected batch 500 (q = 0.025), 2 epochs = 80 steps,

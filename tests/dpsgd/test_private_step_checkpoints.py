@@ -102,6 +102,7 @@ class _Preempted(Exception):
   pass
 
 
+@pytest.mark.slow
 def test_train_dpsgd_resumes_to_the_uninterrupted_result(tmp_path):
   from jaxdp import models  # pylint: disable=import-outside-toplevel
   from jaxdp.accounting import PrivacyBudget  # pylint: disable=import-outside-toplevel

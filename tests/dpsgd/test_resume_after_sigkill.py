@@ -41,6 +41,7 @@ def _ledger_steps(path) -> int:
   return sum(count for _, count in budget.accountant.ledger)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
   sys.path.insert(0, str(WORKER.parent))
   import _resume_worker as worker  # pylint: disable=import-outside-toplevel

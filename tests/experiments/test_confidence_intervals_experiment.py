@@ -104,6 +104,7 @@ def _every_study_writes_its_rows_and_figures_and_resumes(studies, tmp_path, monk
   assert drawn == list(studies)
 
 
+@pytest.mark.slow
 def test_every_study_writes_its_rows_and_figures_and_resumes(tmp_path, monkeypatch):
   _every_study_writes_its_rows_and_figures_and_resumes(NEW_PATHS, tmp_path, monkeypatch)
 

@@ -152,6 +152,17 @@ def host_side(*names: str) -> None:
 # noise coordinate per looped release): it runs under ``slow`` (test_conformance.test_noise_slow,
 # full power) and in test_power's rows, with the same assertion.
 SLOW_NOISE: set = set()
+# (entry, check) cases that run only under ``slow``: entries whose every check compiles a
+# whole training step, covered in the default run by a sibling entry of the same code path
+# (the plan cell with the same clipper and noise) and, for their under-noising, by test_power.
+SLOW_CASES: set = set()
+
+
+def slow_checks(name: str, *checks: str) -> None:
+  """Declares checks of ``name`` (all but ``schema`` when none are named) to run under slow."""
+  for check in checks or CHECKS:
+    if check != "schema":
+      SLOW_CASES.add((name, check))
 
 
 def slow_noise(*names: str) -> None:

@@ -253,3 +253,16 @@ for _selection in ("fixed_size", "user"):
   reg.register(adaptive_selection_entry(_selection))
   reg.register(correlated_selection_entry(_selection))
 reg.register(per_layer_entry())
+
+
+# Every check of these cells compiles a whole plan step; the default run covers the same
+# clipper and noise code through the Poisson cells of entries_plan_cells.py, and the product
+# test trains and pays each of these cells. Their checks and power rows run under slow.
+import conformance_checks as _cc  # pylint: disable=wrong-import-position
+
+for _name in ("jaxdp.dpsgd.PrivateSGD.step[selection=fixed_size, clip=adaptive]",
+              "jaxdp.dpsgd.PrivateSGD.step[selection=fixed_size, noise=BandMF]",
+              "jaxdp.dpsgd.PrivateSGD.step[selection=user, clip=adaptive]",
+              "jaxdp.dpsgd.PrivateSGD.step[selection=user, noise=BandMF]",
+              "jaxdp.dpsgd.PrivateSGD.step[noise=independent, clip=adaptive, per_layer=True]"):
+  _cc.slow_checks(_name)

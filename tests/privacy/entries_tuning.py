@@ -449,3 +449,10 @@ reg.not_a_release_point(
     "jaxdp.tuning.fit_events",
     "reads the DpEvents an estimator's fit would spend (a stand-in accountant stops the fit at "
     "its spend, before any release); trains, spends and releases nothing")
+
+
+# The law-of-K audit (2,000 searches) runs under slow; the default run audits the main
+# repeat_and_select entry, and test_power's fixed-K row (slow) catches a wrong law.
+import conformance_checks as _cc  # pylint: disable=wrong-import-position
+
+_cc.slow_checks(LAW_NAME, "audit")

@@ -21,8 +21,10 @@ REGISTRY = reg.load_all()
 NAMES = sorted(REGISTRY)
 # Entry by entry (so the per-entry caches are reused), except the fresh checks, which
 # come last: their two subprocesses start then (see fresh_process_digests).
-CASES = ([(name, check) for name in NAMES for check in ("schema",) + cc.CHECKS if check != "fresh"]
-         + [(name, "fresh") for name in NAMES])
+_PAIRS = ([(name, check) for name in NAMES for check in ("schema",) + cc.CHECKS if check != "fresh"]
+          + [(name, "fresh") for name in NAMES])
+CASES = [pytest.param(n, c, marks=pytest.mark.slow) if (n, c) in cc.SLOW_CASES else (n, c)
+         for n, c in _PAIRS]
 
 
 def _entry_or_skip(name: str, check: str) -> reg.ReleasePoint:
@@ -70,7 +72,7 @@ def fresh_process_digests(request):
   procs.kill()
 
 
-@pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c}" for n, c in CASES])
+@pytest.mark.parametrize("name,check", CASES, ids=[f"{n}-{c}" for n, c in _PAIRS])
 def test_check(name, check, request):
   if check == "schema":
     cc.validate_entry(REGISTRY[name])
