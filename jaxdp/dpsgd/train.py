@@ -481,12 +481,16 @@ def train_dpsgd(
     l2_clip_norm: per-example clip norm (per-group norms with ``per_layer``),
       or an :class:`~.adaptive_clipping.AdaptiveClipNorm` (adaptive clipping).
     delta: target delta in (0, 1) (use < 1/N).
-    sample_rate / expected_batch_size, target_epsilon / noise_multiplier,
-    optimizer, learning_rate, per_layer, microbatch_size, clipping_method,
-    physical_batch_size, overflow_prob, accountant_method, neighbouring,
-    noise_strategy, min_separation, batch_selection: as for :func:`.make_private` (sigma = 0
-    trains non-privately, epsilon = inf; ``accountant_method`` is ONE method for
-    the calibration and ``result.epsilon`` / ``result.guarantee``).
+    sample_rate, expected_batch_size, target_epsilon, noise_multiplier: as for
+      :func:`.make_private` (``sample_rate`` or ``expected_batch_size``,
+      ``target_epsilon`` or ``noise_multiplier``; sigma = 0 trains non-privately,
+      epsilon = inf).
+    optimizer, learning_rate, per_layer, microbatch_size, clipping_method: as for
+      :func:`.make_private`.
+    physical_batch_size, overflow_prob, neighbouring: as for :func:`.make_private`.
+    noise_strategy, min_separation, batch_selection: as for :func:`.make_private`.
+    accountant_method: as for :func:`.make_private` (ONE method for
+      the calibration and ``result.epsilon`` / ``result.guarantee``).
     params: initial parameters (a linen ``params`` tree, optional).
     loss: per-example loss on (logits, label); default softmax cross-entropy.
     on_overflow: ``"split"`` (exact) or ``"raise"`` (abort rule above; not with

@@ -207,9 +207,12 @@ def _log1mexp(x: float) -> float:
 def gnmax_log_q(votes: Any, sigma: float) -> float:
   """Upper bound on ``log Pr[GNMax(votes) != argmax votes]`` (PATE 2018 Prop. 7).
 
-  ``q <= sum_{i != i*} Pr[Z_i - Z_{i*} >= n_{i*} - n_i]
-       = sum_{i != i*} (1/2) erfc((n_{i*} - n_i) / (2 sigma))``
-  (``Z_i - Z_{i*} ~ N(0, 2 sigma^2)``; union bound). Capped at ``log(1 - 1/C)``
+  The union bound, with ``Z_i - Z_{i*} ~ N(0, 2 sigma^2)``::
+
+    q <= sum_{i != i*} Pr[Z_i - Z_{i*} >= n_{i*} - n_i]
+       = sum_{i != i*} (1/2) erfc((n_{i*} - n_i) / (2 sigma))
+
+  Capped at ``log(1 - 1/C)``
   (PATE 2018 reference code; ``q > 1 - 1/C`` cannot improve on the
   data-independent bound, which is used then anyway). Float64, one histogram.
   """

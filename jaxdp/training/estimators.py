@@ -155,7 +155,9 @@ class PrivateLinearClassifier(checks.SharedAccountantMixin, ClassifierMixin, Bas
       ``nonprivate_info_`` (NOT private: computed from the data without noise;
       for debugging on public or synthetic data). Default False: not kept.
 
-  Attributes (after ``fit``):
+  The attributes below are set by ``fit``.
+
+  Attributes:
     coef_: ``(n_features, n_classes)`` softmax weights, or ``(n_features,)``
       for the binary methods (private).
     classes_: the label set (public when ``classes`` is given).

@@ -286,8 +286,10 @@ class PrivateSearchCV(checks.SharedAccountantMixin, MetaEstimatorMixin, BaseEsti
     seed: None (fresh OS entropy), an int or a ``jax.random`` key (the
       caller's promise not to reuse it for another release of these rows).
 
-  Attributes (after ``fit``; None when nothing is released -- K = 0 under
-  ``PoissonRepetitions``, or no finite score):
+  The attributes below are set by ``fit`` (None when nothing is released -- K = 0
+  under ``PoissonRepetitions``, or no finite score).
+
+  Attributes:
     best_estimator_: the chosen run's fitted model (or its paid refit).
     best_params_: the chosen candidate.
     best_score_: its private validation score (noisy; may leave [0, 1]).
