@@ -31,7 +31,7 @@ Measured in ONE run (ratios are only meaningful within a run on a shared machine
 ``--quick`` trains on a 12,000-example subset for one epoch at epsilon in
 {2, 8}. ``--seed s --accuracy-only --csv FILE`` adds a seed (model init, keys)
 to the accuracy table; ``--summarize FILE...`` prints the table of
-``docs/results.md`` (mean and sd over seeds) from such CSVs. The last printed
+``docs/speed.md`` (mean and sd over seeds) from such CSVs. The last printed
 line is one JSON object with every figure.
 """
 

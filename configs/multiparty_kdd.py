@@ -14,7 +14,7 @@ The default is QUICK (M = 5000, 20 noise draws, one split, evaluation on a
       --config.num_draws=100 --config.l2_regs='(1e-4,1e-2,1.0)'
 
 (``l2_regs`` beyond the paper's 1e-4 show where the soft-label claim holds,
-docs/results.md). Needs ``$JAXDP_DATA_DIR`` (or ``--config.data_dir``).
+docs/paper_001.md). Needs ``$JAXDP_DATA_DIR`` (or ``--config.data_dir``).
 """
 
 import ml_collections

@@ -133,10 +133,10 @@ def get_config(figure: str = "fig1") -> ml_collections.ConfigDict:
       # paper 000 Sec. 4.1: the clip value cross-validated in [5e-4, 5e-1]; the paper
       # gives no batch size, epochs or learning rate for the linear models.
       # learning rates {1, 4}: with 1 alone DP-SGD plateaus at 0.872 on MNIST Fig. 1 (3 epochs);
-      # with 4 among the candidates it reaches 0.899 at eps = 1 (docs/results.md).
+      # with 4 among the candidates it reaches 0.899 at eps = 1 (docs/paper_000.md).
       clip_norms=(0.05, 0.5), learning_rates=(1.0, 4.0), epochs=0.0,  # 0 -> preset
       expected_batch_size=1000.0, momentum=0.9))
-  # ONE neighbouring relation for every method of a figure (docs/results.md, section 1):
+  # ONE neighbouring relation for every method of a figure (docs/paper_000.md):
   # "replace_one" (every method; DP-SGD by the PLD of the replace-one subsampled Gaussian)
   # or "add_remove" (the relation of the paper's loss perturbation proof, App. B.2, and of
   # DP-SGD; methods: non_private, loss_perturbation, dpsgd).

@@ -23,7 +23,7 @@ Accuracy is mean and s.d. over the noise draws (the paper: 100 draws); with
 ``num_splits > 1`` the figure pools every split's rows (:func:`aggregate_splits`:
 s.d. over draws and splits, over splits for ``batch``, the paper's 10 trials). Each row also
 records the mean noise norm and the weight norm, to check the paper's claim
-that *soft* stays close to *batch* (docs/results.md). Privacy unit: one party
+that *soft* stays close to *batch* (docs/paper_001.md). Privacy unit: one party
 (all its samples); every release's event is tagged ``unit="party"``.
 
 Results: ``<out_dir>/multiparty/<dataset>[_pca<d>]/`` (``points.jsonl``

@@ -14,7 +14,7 @@ Every library gets the same declared bounds and the same clipped data
 (:mod:`configs.survey_models`). diffprivlib (0.6.6, optional extra
 ``[compare]``) is imported with a two-name shim for scikit-learn >= 1.4
 (``sklearn.tree._tree.DOUBLE/DTYPE``); if it cannot be imported its rows are
-skipped. Its epsilons are what it *claims*; see ``docs/results.md`` for where
+skipped. Its epsilons are what it *claims*; see ``docs/paper_004.md`` for where
 it overspends.
 
 Results: ``<out_dir>/survey_models/<dataset>/`` (``points.jsonl`` resumable via
