@@ -283,6 +283,7 @@ def test_padded_chunk_cannot_be_used_without_its_mask():
 
 # --- one epsilon per run -----------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_one_epsilon_per_run_with_its_method():
   # make_private: calibration, sampler.epsilon(), the guarantee and the ledger agree.
   private = _plan(noise_multiplier=None, target_epsilon=2.0, steps=20)

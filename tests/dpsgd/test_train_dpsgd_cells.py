@@ -170,6 +170,7 @@ def test_on_overflow_raise_aborts_before_the_overflowing_batch_is_used():
   assert len(acc.ledger) == 1 and isinstance(acc.ledger[0][0], events.NonPrivateDpEvent)
 
 
+@pytest.mark.slow
 def test_train_dpsgd_takes_a_batch_selection():
   """Fixed-size (replace-one, RDP) and user-level (unit "user") selections pass through."""
   from jaxdp.dpsgd.fixed_size_sampling import FixedSizeSampler

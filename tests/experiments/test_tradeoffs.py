@@ -65,6 +65,7 @@ def _check_fig1_all_five_methods_resumable(tmp_path, config):
   assert [r["test_accuracy_mean"] for r in again] == [r["test_accuracy_mean"] for r in rows]
 
 
+@pytest.mark.slow
 def test_fig1_all_five_methods_resumable(tmp_path):
   # One lambda and one DP-SGD learning rate (one candidate each: fewer fits, teacher sets and
   # noise calibrations); every method, both deltas, 3 draws and the resume as in the slow test.
