@@ -105,6 +105,17 @@ def jax_steps(name: str, batch: int, methods=METHODS) -> dict:
   return steps
 
 
+def synthetic_problem(name: str, num_examples: int) -> tuple:
+  """``(x, y, params, per_example_loss)``: random data of the model's input shape, 10 classes."""
+  from jaxdp.dpsgd import make_per_example_loss  # pylint: disable=import-outside-toplevel
+  model, x_shape = _model(name)
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=(num_examples,) + x_shape).astype(np.float32)
+  y = rng.integers(0, 10, num_examples).astype(np.int32)
+  params = jax.jit(model.init)(jax.random.key(2), x[:1])["params"]
+  return x, y, params, make_per_example_loss(lambda p, xb: model.apply({"params": p}, xb))
+
+
 def loop_steps(name: str, batch: int, num_examples: int, total_steps: int,
                method: str = "ghost") -> tuple[dict, dict]:
   """One full ``make_private`` step (device and host paths) and the bare jitted step it wraps.
@@ -121,13 +132,8 @@ def loop_steps(name: str, batch: int, num_examples: int, total_steps: int,
     ``bare_padded / bare_expected`` is the cost of the overflow padding.
   """
   from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
-  from jaxdp.dpsgd import make_per_example_loss, make_private  # pylint: disable=import-outside-toplevel
-  model, x_shape = _model(name)
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(num_examples,) + x_shape).astype(np.float32)
-  y = rng.integers(0, 10, num_examples).astype(np.int32)
-  params = jax.jit(model.init)(jax.random.key(2), x[:1])["params"]
-  loss = make_per_example_loss(lambda p, xb: model.apply({"params": p}, xb))
+  from jaxdp.dpsgd import make_private  # pylint: disable=import-outside-toplevel
+  x, y, params, loss = synthetic_problem(name, num_examples)
   plans = {}
   for mode in ("loop_device", "loop_host"):
     plans[mode] = make_private(loss, l2_clip_norm=CLIP, num_examples=num_examples,

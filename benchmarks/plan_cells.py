@@ -37,24 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxdp import models
+import dpsgd as dpsgd_benchmark  # benchmarks/dpsgd.py: the same models and synthetic data
 from jaxdp.accounting import PrivacyAccountant
-from jaxdp.dpsgd import AdaptiveClipNorm, make_per_example_loss, make_private
+from jaxdp.dpsgd import AdaptiveClipNorm, make_private
 from jaxdp.dpsgd.correlated import BandMF
 
-CLIP, SIGMA, LR = 1.0, 1.0, 0.1
+CLIP, SIGMA, LR = dpsgd_benchmark.CLIP, dpsgd_benchmark.SIGMA, dpsgd_benchmark.LR
 BANDS = 4
 CELLS = ("independent", "bandmf", "adaptive", "bandmf_adaptive")
-
-
-def _model(name: str):
-  if name == "mlp":
-    return models.MLP(hidden_sizes=(512, 512)), (784,)  # benchmarks/dpsgd.py's models
-  if name == "cnn":
-    return models.SmallCNN(), (784,)
-  if name == "resnet20":
-    return models.ResNet20(), (32, 32, 3)
-  raise ValueError(f"--model must be mlp, cnn or resnet20, got {name!r}.")
 
 
 def _plan(cell: str, loss, num_examples: int, batch: int, steps: int, method: str):
@@ -71,12 +61,7 @@ def _plan(cell: str, loss, num_examples: int, batch: int, steps: int, method: st
 def time_cells(name: str, batch: int, num_examples: int, rounds: int, reps: int,
                method: str) -> dict:
   """``{cell}_ms`` and ``bare_ms`` (min over rounds of the mean of ``reps`` calls)."""
-  model, x_shape = _model(name)
-  rng = np.random.default_rng(0)
-  x = rng.normal(size=(num_examples,) + x_shape).astype(np.float32)
-  y = rng.integers(0, 10, num_examples).astype(np.int32)
-  params = jax.jit(model.init)(jax.random.key(2), x[:1])["params"]
-  loss = make_per_example_loss(lambda p, xb: model.apply({"params": p}, xb))
+  x, y, params, loss = dpsgd_benchmark.synthetic_problem(name, num_examples)
   steps = BANDS * (rounds * reps + 2 * reps + 4)
   plans = {cell: _plan(cell, loss, num_examples, batch, steps, method) for cell in CELLS}
   base = plans["independent"]
@@ -134,6 +119,9 @@ def main(argv: list[str]) -> dict:
   args = parser.parse_args(argv)
   gpu = jax.default_backend() == "gpu"
   names = args.model or (["resnet20"] if gpu else ["mlp", "cnn"])
+  for name in names:
+    if name not in ("mlp", "cnn", "resnet20"):
+      parser.error(f"--model must be mlp, cnn or resnet20, got {name!r}.")
   batch = args.batch or (600 if gpu else 256)
   n = args.num_examples or (50_000 if gpu else 20_000)
   rounds, reps = (3, 3) if args.quick else (10, 10)
