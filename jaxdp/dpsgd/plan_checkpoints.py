@@ -46,7 +46,7 @@ def run_checkpointer(checkpoint_dir: Any, checkpoint_every: int | None, *, key: 
   :class:`~.plan_noise.Noise` parts; ``noise_multiplier`` its calibrated sigma.
   The fingerprint holds every public number that fixes the run's steps (N, q,
   sigma, S, T, P, relation, unit, method, the key's digest, b, the strategy's
-  and the batch selection's digests, the clip rule): a directory written by
+  and the batch selection's digests, the adaptive rule, :func:`clip_rule`): a directory written by
   another plan is refused before anything is read. ``checkpoint_every``
   defaults to ``max(1, T // 10)``.
   """
@@ -64,11 +64,28 @@ def run_checkpointer(checkpoint_dir: Any, checkpoint_every: int | None, *, key: 
       "noise_strategy": plan_noise.strategy_digest(noise_strategy, sel.steps),
       "adaptive_clip_norm": None if clip.adaptive is None else repr(clip.adaptive),
       "batch_selection": plan_selection.selection_digest(sel.batch_selection),
+      "clip_rule": clip_rule(clip),
   }
   checkpointer = checkpointing.RunCheckpointer(os.fspath(checkpoint_dir), fingerprint)
   if checkpoint_every is None:
     checkpoint_every = max(1, sel.steps // 10)
   return checkpointer, checkpoint_every
+
+
+def clip_rule(clip: Any) -> dict:
+  """The clipping rule a replay must share: flat or per layer, the group norms, microbatches, method.
+
+  Two rules with the same sensitivity (flat C, or per-layer norms whose root sum of
+  squares is C) release different updates from the same batch and noise, so a lost step
+  replayed under the other rule would release a noise-free difference; the rule is part
+  of the fingerprint (norms as ``repr`` strings: JSON has no ``inf``).
+  """
+  fn = clip.grad_fn
+  return {"per_layer": bool(getattr(fn, "per_layer", False)),
+          "l2_clip_norms": [repr(float(c)) for c in jax.tree.leaves(fn.l2_clip_norm)],
+          "microbatch_size": getattr(fn, "microbatch_size", None),
+          "method": getattr(fn, "method", None),
+          "reduction": getattr(fn, "reduction", None)}
 
 
 def _replay_is_bound(binding: dict | None, data_sha: str | None, params_sha: str | None) -> bool:

@@ -22,11 +22,11 @@ def _loss(w, xi, yi):
   return -jax.nn.log_softmax(xi @ w)[yi]
 
 
-def _plan(directory, noise_multiplier=1.0):
+def _plan(directory, noise_multiplier=1.0, **clip_options):
   return make_private(_loss, l2_clip_norm=1.0, num_examples=N, expected_batch_size=25,
                       noise_multiplier=noise_multiplier, delta=1e-5, steps=T,
                       key=jax.random.key(9), learning_rate=0.5, checkpoint_dir=directory,
-                      checkpoint_every=3)
+                      checkpoint_every=3, **clip_options)
 
 
 def _train(directory, stop=None, step=None):
@@ -75,6 +75,16 @@ def test_another_plan_is_refused_before_anything_is_written(tmp_path):
   with pytest.raises(ValueError, match="another plan"):
     _plan(tmp_path, noise_multiplier=1.5)
   assert (tmp_path / "ledger.json").read_text() == before
+
+
+@pytest.mark.parametrize("clip_options", [{"per_layer": True}, {"clipping_method": "reweight"},
+                                          {"microbatch_size": 8}])
+def test_another_clipping_rule_with_the_same_sensitivity_is_refused(tmp_path, clip_options):
+  # Per-layer norms with the same total S, or another method or microbatching, release other
+  # updates from the same batch and noise: a replay under them is not the lost step.
+  _train(tmp_path, stop=2)
+  with pytest.raises(ValueError, match="clip_rule"):
+    _plan(tmp_path, **clip_options)
 
 
 def test_checkpoint_arguments_are_checked():
