@@ -184,6 +184,10 @@ def test_budget_refused_before_training():
   assert budget.accountant.ledger == ()
 
 
+# train_dpsgd runs make_private's step: the default run checks accumulation over chunks in
+# test_private_step.py (test_overflow_chunks_accumulate_to_the_same_update_as_one_big_chunk,
+# and test_same_key_same_run_as_train_dpsgd_with_overflow_chunks ties train_dpsgd to it).
+@pytest.mark.slow
 def test_accumulation_matches_single_chunk_and_overflow_raise():
   x, y = _toy()
   model = models.MLP(hidden_sizes=(8,), num_classes=3)

@@ -546,3 +546,14 @@ def _selection_entry(selection: str) -> reg.ReleasePoint:
 
 reg.register(_selection_entry("fixed_size"))
 reg.register(_selection_entry("user"))
+
+
+# Correlated noise with an adaptive clip norm compiles the largest plan step of the suite
+# (noise history, clip-norm state and quantile counts). The default run covers its code
+# through its two halves, the BandMF/BLT cells with a fixed clip norm (the correlated noise)
+# and the independent cell with an adaptive one (the clip-norm update and the counts' share
+# of sigma); test_plan_cells trains and pays the combined cells. Their checks run under slow.
+import conformance_checks as _cc  # pylint: disable=wrong-import-position
+
+for _noise in ("BandMF", "BLT"):
+  _cc.slow_checks(cell_name(_noise, "adaptive", False))
