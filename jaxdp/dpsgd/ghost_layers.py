@@ -225,13 +225,6 @@ def layer_grads(call: _Call, leaves, a, d) -> dict:
           for path, g in jax.tree_util.tree_flatten_with_path(grads)[0]}
 
 
-def _rows_finite(x) -> jax.Array:
-  """(B,) whether each row of a (B, ...) float array is finite (True for other dtypes)."""
-  if not jnp.issubdtype(x.dtype, jnp.floating):
-    return jnp.ones((x.shape[0],), bool)
-  return jnp.all(jnp.isfinite(x.reshape((x.shape[0], -1))), axis=1)
-
-
 def layer_sq_norms_scaled(call: _Call, leaves, a, d, grads: dict) -> tuple[dict, jax.Array]:
   """``({leaf: (sq (B,), err (B,), k (B,), grads or None)}, finite (B,))``, scaled.
 
@@ -239,17 +232,15 @@ def layer_sq_norms_scaled(call: _Call, leaves, a, d, grads: dict) -> tuple[dict,
   from power-of-two-scaled inputs, ``err`` its rounding and underflow bound).
   Materialised leaves (``grads`` of :func:`layer_grads`) return their
   gradients, ghost leaves None. ``finite`` is False for an example with an inf
-  or NaN in ``a_n``, ``delta_n`` or a materialised gradient.
+  or NaN in a ghost layer's ``a_n`` or ``delta_n`` or in a materialised gradient.
   """
   out = {}
   b = d.shape[0]
   finite = jnp.ones((b,), bool)
   if call.strategy == "materialise":
-    # a and delta are checked too: a non-finite input can give a finite (0 * inf = NaN is
-    # not finite, but e.g. a zero cotangent) gradient here and a NaN elsewhere.
-    for x in (a, d):
-      if jnp.issubdtype(x.dtype, jnp.floating):
-        finite = jnp.logical_and(finite, _row_scale(x)[2])
+    # Only the gradients: the book-keeping of a materialised layer reads its gradients, never
+    # a or delta, and an inf or NaN in a or delta that a window reads reaches the gradient
+    # (x * 0 is NaN for x = inf or NaN); one no window reads changes nothing released.
     for i, g in grads.items():
       gs, k, fin = _row_scale(g)
       sq, gam = _rows_sumsq(gs)
@@ -317,16 +308,15 @@ def layer_sq_norms_plain(call: _Call, leaves, a, d, grads: dict) -> tuple[dict, 
 
   The exact squared per-example norm is at most ``sq + err`` wherever every
   returned value is finite (the module docstring's flush terms included);
-  ``finite`` is False where ``a_n`` or ``delta_n`` of a materialised layer holds
-  an inf or NaN (a non-finite value elsewhere shows as a non-finite ``sq`` or
-  ``err``). Where anything is not finite the caller uses the scaled rule.
+  ``finite`` is all True here: a non-finite value shows as a non-finite ``sq``
+  or ``err`` (of the gradient of a materialised layer, which every inf or NaN
+  of its ``a_n`` or ``delta_n`` that the layer reads reaches). Where anything is
+  not finite the caller uses the scaled rule.
   """
   out = {}
   b = d.shape[0]
   finite = jnp.ones((b,), bool)
   if call.strategy == "materialise":
-    for x in (a, d):  # as in the scaled rule: a non-finite input can hide behind a finite grad
-      finite = jnp.logical_and(finite, _rows_finite(x))
     for i, g in grads.items():
       out[i] = _plain_rows(g)
     return out, finite
