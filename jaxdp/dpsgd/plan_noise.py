@@ -151,7 +151,9 @@ def _noise_transform(strategy: Any, adaptive: Any, *, sigma: float, sensitivity:
   def inner(noise_multiplier: float, s: float = sensitivity):
     if strategy is None:
       return transforms.noisy_aggregate(noise_multiplier, s, expected, grad_key)
-    return correlated.correlated_noise(strategy, steps, noise_multiplier, s, expected, grad_key)
+    # The plan's sampler refuses a step beyond T on the host, before any update is computed.
+    return correlated.correlated_noise(strategy, steps, noise_multiplier, s, expected, grad_key,
+                                       step_check="caller")
 
   if adaptive is None:
     return inner(sigma)

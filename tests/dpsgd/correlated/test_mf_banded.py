@@ -238,6 +238,19 @@ def test_updates_past_num_steps_are_refused():
     _, state = update(params, state)
   with pytest.raises(Exception, match="exceeds num_steps=3"):
     jax.block_until_ready(update(params, state))
+  # step_check="caller" (make_private's form, whose sampler refuses step T + 1 on the host):
+  # no callback under jit, the eager check stays.
+  tx = correlated_noise(BandMF(np.array([1.0, 0.5])), 3, 1.0, 1.0, 1.0, jax.random.key(0),
+                        step_check="caller")
+  state = tx.init(params)
+  for _ in range(3):
+    _, state = tx.update(params, state)
+  with pytest.raises(BudgetExceededError, match="exceeds num_steps=3"):
+    tx.update(params, state)
+  assert "callback" not in str(jax.make_jaxpr(tx.update)(params, tx.init(params)))
+  with pytest.raises(ValueError, match="step_check"):
+    correlated_noise(BandMF(np.array([1.0])), 3, 1.0, 1.0, 1.0, jax.random.key(0),
+                     step_check="none")
 
 
 @pytest.mark.parametrize("n,k,b,gain", [
