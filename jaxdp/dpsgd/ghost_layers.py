@@ -303,23 +303,21 @@ def _token_norms(x, terms: int) -> jax.Array:
   return jnp.sqrt(_sumsq(x, 2) + terms * 2.0 * _FLUSH)
 
 
-def layer_sq_norms_plain(call: _Call, leaves, a, d, grads: dict) -> tuple[dict, jax.Array]:
-  """``({leaf: (sq (B,), err (B,))}, finite (B,))`` from the raw (unscaled) values.
+def layer_sq_norms_plain(call: _Call, leaves, a, d, grads: dict) -> dict:
+  """``{leaf: (sq (B,), err (B,))}`` from the raw (unscaled) values.
 
   The exact squared per-example norm is at most ``sq + err`` wherever every
   returned value is finite (the module docstring's flush terms included);
-  ``finite`` is all True here: a non-finite value shows as a non-finite ``sq``
-  or ``err`` (of the gradient of a materialised layer, which every inf or NaN
-  of its ``a_n`` or ``delta_n`` that the layer reads reaches). Where anything is
-  not finite the caller uses the scaled rule.
+  A non-finite value shows as a non-finite ``sq`` or ``err`` (of the gradient
+  of a materialised layer, which every inf or NaN of its ``a_n`` or ``delta_n``
+  that the layer reads reaches). Where anything is not finite the caller uses
+  the scaled rule.
   """
   out = {}
-  b = d.shape[0]
-  finite = jnp.ones((b,), bool)
   if call.strategy == "materialise":
     for i, g in grads.items():
       out[i] = _plain_rows(g)
-    return out, finite
+    return out
   d32 = _f32(d)
   hi = jax.lax.Precision.HIGHEST
   if call.kind == "embed":
@@ -331,7 +329,7 @@ def layer_sq_norms_plain(call: _Call, leaves, a, d, grads: dict) -> tuple[dict, 
     s = jnp.sum(_token_norms(dt, p), axis=1)
     err = _gamma(p + t * t + 2) * 2.0 * jnp.square(s) + 2.0 * _FLUSH * (p + 2) * t * t
     out[call.leaves["['embedding']"]] = (sq, err)
-    return out, finite
+    return out
   at = _tokens(_f32(a), 1) if call.kind == "dense" else _conv_patches(call, a)
   dt = _tokens(d32, 1)
   n_a, n_d = at.shape[1] * at.shape[2], dt.shape[1] * dt.shape[2]
@@ -354,7 +352,7 @@ def layer_sq_norms_plain(call: _Call, leaves, a, d, grads: dict) -> tuple[dict, 
   out[call.leaves["['kernel']"]] = (sq, err)
   for i, gb in grads.items():  # the bias, materialised
     out[i] = _plain_rows(gb)
-  return out, finite
+  return out
 
 
 def _leaf_groups(params, per_layer: bool, clip_spec: Any, even_split: bool) -> tuple[list, list]:

@@ -71,10 +71,9 @@ Huge and non-finite gradients (as in :mod:`jaxdp.dpsgd.clipping`). The norms
 are first computed plainly from the raw values
 (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_plain`, with absolute terms in
 ``err`` for squares, products and partial sums flushed to zero below the
-smallest normal float32); only for a chunk where some kept example's plain
-bound is not finite does a ``jax.lax.cond`` recompute the chunk (capture, factors
-and book-keeping, from params and the batch) the robust
-way (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
+smallest normal float32); only for a chunk where some example's plain bound is
+not finite does a ``jax.lax.cond`` recompute the chunk (capture, factors and
+book-keeping, from params and the batch) the robust way (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
 array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
 fallback gradients -- is first scaled per example by the power of two
 ``2^-k`` just above its largest entry (exact), so the norms of finite
@@ -86,9 +85,10 @@ float32). Terms that underflow after the scaling are covered by an absolute
 ``2^-100`` per summed term in ``err``. An example with an inf or NaN in a ghost
 layer's ``a_n`` or ``delta_n`` or in its materialised or fallback gradients
 (which every inf or NaN of a materialised layer's ``a_n`` or ``delta_n`` that the
-layer reads reaches, ``x * 0`` being NaN) contributes EXACTLY ZERO (its activations and cotangents are replaced by zeros with
-``jnp.where`` before the book-keeping contraction), counts as clipped and has
-norm ``inf`` in the non-private diagnostics.
+layer reads reaches, ``x * 0`` being NaN) contributes EXACTLY ZERO (its
+activations and cotangents are replaced by zeros with ``jnp.where`` before the
+book-keeping contraction), counts as clipped and has norm ``inf`` in the
+non-private diagnostics.
 """
 
 
@@ -229,12 +229,10 @@ class _FactorContext:
     b = self.b
     parts_g: list = [[] for _ in self.clips]
     diag = jnp.zeros((b,), jnp.float32)
-    finite = jnp.ones((b,), bool)
     terms = [layer_sq_norms_plain(c, self.leaves, a, d, m)
              for c, a, d, m in zip(self.plan.calls, acts, deltas, mats)]
-    terms += [({i: _plain_rows(gr)}, finite) for i, gr in zip(self.plan.fallback_leaves, fb_grads)]
-    for out, fin in terms:
-      finite = jnp.logical_and(finite, fin)
+    terms += [{i: _plain_rows(gr)} for i, gr in zip(self.plan.fallback_leaves, fb_grads)]
+    for out in terms:
       for i, (s, e) in out.items():
         parts_g[self.group_of[i]].append((None, s + e))
         diag = diag + s
@@ -245,7 +243,8 @@ class _FactorContext:
       bound = sum(v for _, v in parts) * (1.0 + _gamma(n + 2))
       return _safe_factor(jnp.zeros((b,), jnp.int32), bound, clip, self.cap)
 
-    return self._finish(parts_g, finite, factor_of, jnp.sqrt(diag))
+    # Finiteness comes from the sums alone (_finish): a non-finite value reaches one.
+    return self._finish(parts_g, jnp.ones((b,), bool), factor_of, jnp.sqrt(diag))
 
   def scaled(self, acts, deltas, fb_grads, mats) -> tuple:
     """The factors from :func:`layer_sq_norms_scaled` (huge or non-finite values)."""

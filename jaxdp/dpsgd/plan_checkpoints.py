@@ -46,8 +46,8 @@ def run_checkpointer(checkpoint_dir: Any, checkpoint_every: int | None, *, key: 
   :class:`~.plan_noise.Noise` parts; ``noise_multiplier`` its calibrated sigma.
   The fingerprint holds every public number that fixes the run's steps (N, q,
   sigma, S, T, P, relation, unit, method, the key's digest, b, the strategy's
-  and the batch selection's digests, the adaptive rule, :func:`clip_rule`): a directory written by
-  another plan is refused before anything is read. ``checkpoint_every``
+  and the batch selection's digests, the adaptive rule, :func:`clip_rule`): a
+  directory written by another plan is refused before anything is read. ``checkpoint_every``
   defaults to ``max(1, T // 10)``.
   """
   if checkpoint_dir is None:

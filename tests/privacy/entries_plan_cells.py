@@ -411,7 +411,7 @@ def adaptive_reference(noise: str, data: dict) -> np.ndarray:
 # -- the factory -----------------------------------------------------------------------------
 
 
-def _events(noise: str, unit: str = "example") -> events.DpEvent:
+def cell_event(noise: str, unit: str = "example") -> events.DpEvent:
   """The event the library states for the cell: one step, or the MF run's one Gaussian."""
   if noise == "independent":
     return events.PoissonSampledDpEvent(
@@ -472,7 +472,7 @@ def plan_cell(noise: str, clip: str, device: bool = False) -> reg.ReleasePoint:
       name=cell_name(noise, clip, device), family=FAMILY, neighbouring="add_remove",
       unit="example", guarantee=guarantee, epsilon=dp.gaussian_epsilon(mu, DELTA), delta=DELTA,
       pairs=add_remove_pairs, release=functools.partial(_release, cell), vector=vector,
-      event=functools.partial(_events, noise), charged=functools.partial(_charged, cell),
+      event=functools.partial(cell_event, noise), charged=functools.partial(_charged, cell),
       fresh=None, sensitivity=sensitivity, norm="l2", noise=noise_spec, audit=None,
       support="continuous", public_outputs=("expected_batch_size",), skip=skip)
 
@@ -517,8 +517,7 @@ def _selection_entry(selection: str) -> reg.ReleasePoint:
     fields = dict(
         neighbouring="add_remove", unit="user", pairs=user_pairs, sensitivity=CLIP,
         reference=user_clipped_sum,
-        event=lambda: events.PoissonSampledDpEvent(
-            1.0, events.GaussianDpEvent(SIGMA, neighbouring=events.ADD_REMOVE, unit="user")),
+        event=functools.partial(cell_event, "independent", "user"),
         guarantee=("(eps, delta)-DP for add/remove of one USER (all its examples): Poisson "
                    "sampling of users, one clipped contribution (the clipped mean gradient) per "
                    "user, the Gaussian mechanism on their sum (McMahan et al. 2018; Abadi et "

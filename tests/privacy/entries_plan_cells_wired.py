@@ -114,8 +114,7 @@ def adaptive_selection_entry(selection: str) -> reg.ReleasePoint:
     fields = dict(
         neighbouring="add_remove", unit="user", pairs=pcells.user_pairs, mu=1.0 / SIGMA,
         sensitivity=1.0 / SIGMA, reference=_user_adaptive_reference,
-        event=lambda: events.PoissonSampledDpEvent(
-            1.0, events.GaussianDpEvent(SIGMA, neighbouring=events.ADD_REMOVE, unit="user")),
+        event=functools.partial(pcells.cell_event, "independent", "user"),
         guarantee=("(eps, delta)-DP for add/remove of one USER: Poisson sampling of users (here "
                    "q = 1), each user's mean gradient clipped to C_t and divided by it "
                    "(sensitivity 1) and one centred unclipped bit per user (1/2), whitened: the "
@@ -236,8 +235,7 @@ def per_layer_entry() -> reg.ReleasePoint:
                   "sigma_b)^-2)^-1/2 and G centred counts with std sigma_b, whitened: std 1 per "
                   "coordinate (Andrew et al. 2021 Alg. 1 and Thm 1 per group; McMahan et al. "
                   "2018 Sec. 3)"),
-      event=lambda: events.PoissonSampledDpEvent(
-          1.0, events.GaussianDpEvent(SIGMA, neighbouring=events.ADD_REMOVE, unit="example")),
+      event=functools.partial(pcells.cell_event, "independent"),
       guarantee=("(eps, delta)-DP for add/remove of one example: one step (q = 1) of per-layer "
                  "adaptive clipping, G = 2 groups each with its own clip norm and noisy count; "
                  "the normalised sum (sensitivity 1) and the G counts (1/2 each), whitened, are "
