@@ -73,7 +73,9 @@ are first computed plainly from the raw values
 ``err`` for squares, products and partial sums flushed to zero below the
 smallest normal float32); only for a chunk where some example's plain bound is
 not finite does a ``jax.lax.cond`` recompute the chunk (capture, factors and
-book-keeping, from params and the batch) the robust way (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
+book-keeping, from params and the batch) the robust way (on a GPU, whose
+conditionals stall the step, every chunk is computed the robust way and there
+is no ``cond``: :func:`~jaxdp.dpsgd.clip_factors.robust_rule_in_cond`) (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
 array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
 fallback gradients -- is first scaled per example by the power of two
 ``2^-k`` just above its largest entry (exact), so the norms of finite
@@ -181,6 +183,8 @@ def ghost_chunk_sums(loss_fn: Callable[..., Any], params: PyTree, mask: jax.Arra
            jnp.where(keep, norm, 0.0), jnp.sum(was_scaled.astype(jnp.int32)), counts, aux)
     return out, jnp.any(jnp.logical_not(finite))
 
+  if not _cf.robust_rule_in_cond():  # on a GPU: the robust rule for every chunk, no cond
+    return chunk(True, params, mask, args)[0]
   fast, rare = chunk(False, params, mask, args)
   # Only when some example's plain bound is not finite (a masked slot's included: the plain
   # book-keeping multiplies by its zero factor) is the whole chunk recomputed with the scaled

@@ -1,0 +1,92 @@
+"""The ghost clipper's robust rule in a ``lax.cond`` (CPU, TPU) or for every chunk (GPU).
+
+``clip_factors.robust_rule_in_cond`` picks the form by backend; both are run
+here on the CPU by setting ``clip_factors._ROBUST_RULE``. The inline form must
+give the clipped sums, norms and clip counts of the ``cond`` form (up to
+rounding), keep a non-finite example's contribution at exactly zero and clip a
+huge finite one to the clip norm, flat and per layer, with a fixed and an
+adaptive (traced ``1/D``) clip norm, in one chunk and in microbatches.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from jaxdp import models
+from jaxdp.dpsgd import adaptive_clipping as ac
+from jaxdp.dpsgd import clip_factors, clipping
+
+_MODEL = models.MLP(hidden_sizes=(8,))
+_X = jax.random.normal(jax.random.key(0), (6, 5))
+_Y = jax.random.randint(jax.random.key(1), (6,), 0, 10)
+_PARAMS = _MODEL.init(jax.random.key(2), _X[:1])["params"]
+
+
+def _loss(p, xi, yi):
+  # + a term linear in the input: an input of 1e30 gives a finite gradient of ~1e30.
+  logits = _MODEL.apply({"params": p}, xi[None])[0]
+  return (optax.softmax_cross_entropy_with_integer_labels(logits, yi)
+          + jnp.sum(p["Dense_0"]["kernel"].T @ xi))
+
+
+@pytest.fixture(params=["cond", "inline"])
+def rule(request, monkeypatch):
+  monkeypatch.setattr(clip_factors, "_ROBUST_RULE", request.param)
+  return request.param
+
+
+def test_backend_choice(monkeypatch):
+  assert clip_factors.robust_rule_in_cond() == (jax.default_backend() != "gpu")
+  monkeypatch.setattr(clip_factors, "_ROBUST_RULE", "inline")
+  assert not clip_factors.robust_rule_in_cond()
+  monkeypatch.setattr(clip_factors, "_ROBUST_RULE", "cond")
+  assert clip_factors.robust_rule_in_cond()
+
+
+def _run(per_layer, adaptive, x, y, mask=None, micro=None):
+  method = "ghost"
+  if adaptive:
+    clip = (jnp.float32(0.7) if not per_layer
+            else {"Dense_0": jnp.float32(0.5), "Dense_1": jnp.float32(0.4)})
+    f = ac.adaptive_clipped_grad(_loss, clip, method=method, per_layer=per_layer,
+                                 batch_argnums=(1, 2), microbatch_size=micro)
+  else:
+    f = clipping.clipped_grad(_loss, l2_clip_norm=0.7, method=method, per_layer=per_layer,
+                              batch_argnums=(1, 2), microbatch_size=micro)
+  return jax.jit(lambda p, xx, yy, m: f(p, xx, yy, mask=m))(_PARAMS, x, y, mask)
+
+
+@pytest.mark.parametrize("per_layer,adaptive,micro", [(False, False, None), (True, False, None),
+                                                      (False, True, None), (True, True, None),
+                                                      (False, False, 4)])
+def test_inline_equals_cond(monkeypatch, per_layer, adaptive, micro):
+  bad = jnp.concatenate([_X[:4], jnp.array([[jnp.inf, 0, 0, 0, 0], [1e30, -1e30, 0, 0, 0]],
+                                           jnp.float32)])
+  mask = jnp.array([True, True, False, True, True, True])
+  out = {}
+  for form in ("cond", "inline"):
+    monkeypatch.setattr(clip_factors, "_ROBUST_RULE", form)
+    out[form] = [_run(per_layer, adaptive, x, _Y, mask, micro) for x in (_X, bad)]
+  for (g_c, i_c), (g_i, i_i) in zip(out["cond"], out["inline"]):
+    for u, v in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_i)):
+      assert bool(jnp.all(jnp.isfinite(v)))
+      np.testing.assert_allclose(np.asarray(v), np.asarray(u), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(i_i.per_example_norms),
+                               np.asarray(i_c.per_example_norms), rtol=1e-5)
+    assert int(i_i.num_clipped) == int(i_c.num_clipped)
+
+
+def test_nonfinite_is_zero_and_huge_is_clipped(rule):
+  x = jnp.concatenate([_X[:2], jnp.array([[jnp.nan, 0, 0, 0, 0]], jnp.float32)])
+  g_bad, info = _run(False, False, x, _Y[:3])
+  g_good, _ = _run(False, False, _X[:2], _Y[:2])
+  for u, v in zip(jax.tree.leaves(g_bad), jax.tree.leaves(g_good)):
+    np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=1e-5, atol=1e-7)
+  assert np.isinf(np.asarray(info.per_example_norms)[2])
+  huge = jnp.array([[1e30, -1e30, 3.0, 0, 0]], jnp.float32)
+  g_huge, _ = _run(False, False, huge, _Y[:1])
+  assert 0.699 < float(optax.global_norm(g_huge)) <= 0.7
