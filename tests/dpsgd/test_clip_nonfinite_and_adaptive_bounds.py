@@ -37,11 +37,14 @@ _HUGE = jnp.array([[1e30, -1e30]], jnp.float32)
 _BAD = jnp.array([[jnp.inf, 1.0], [jnp.nan, 0.5]], jnp.float32)
 
 # (method, per_layer, microbatch_size)
-# Always on: per-layer ghost (flat vmap and reweight: test_dpsgd_clipping); every other clipper under `slow` (same assertions).
+# Every clipper under `slow` (same assertions). Always on: flat vmap and reweight in
+# test_dpsgd_clipping; ghost, flat and per layer, in test_robust_rule_forms (the inline form
+# with these assertions, and the cond form equal to it on inf and 1e30 inputs).
 _SLOW = pytest.mark.slow
-_CLIPPERS = [pytest.param("vmap", False, None, marks=_SLOW),  # always on: test_dpsgd_clipping
+_CLIPPERS = [pytest.param("vmap", False, None, marks=_SLOW),
              pytest.param("vmap", True, None, marks=_SLOW),
-             pytest.param("ghost", False, None, marks=_SLOW), ("ghost", True, None),
+             pytest.param("ghost", False, None, marks=_SLOW),
+             pytest.param("ghost", True, None, marks=_SLOW),
              pytest.param("reweight", False, None, marks=_SLOW),
              pytest.param("vmap", True, 2, marks=_SLOW), pytest.param("ghost", False, 2, marks=_SLOW)]
 
