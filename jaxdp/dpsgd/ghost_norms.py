@@ -73,9 +73,10 @@ are first computed plainly from the raw values
 ``err`` for squares, products and partial sums flushed to zero below the
 smallest normal float32); only for a chunk where some example's plain bound is
 not finite does a ``jax.lax.cond`` recompute the chunk (capture, factors and
-book-keeping, from params and the batch) the robust way (on a GPU, whose
+book-keeping, from params and the batch) the robust way; on a GPU, whose
 conditionals stall the step, every chunk is computed the robust way and there
-is no ``cond``: :func:`~jaxdp.dpsgd.clip_factors.robust_rule_in_cond`) (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
+is no ``cond`` (:func:`~jaxdp.dpsgd.clip_factors.robust_rule_in_cond`). The
+robust way (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
 array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
 fallback gradients -- is first scaled per example by the power of two
 ``2^-k`` just above its largest entry (exact), so the norms of finite

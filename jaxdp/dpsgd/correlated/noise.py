@@ -50,6 +50,7 @@ recursion runs in at least float32.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -100,6 +101,70 @@ def noise_stddev(strategy, num_steps: int, noise_multiplier: float,
   return base if s1 == 1.0 else base * s1
 
 
+def _refuse_extra(count, num_steps: int) -> None:
+  """Raises :class:`BudgetExceededError` if an update count reaches ``num_steps`` (host side)."""
+  count = np.asarray(count)
+  if np.any(count >= num_steps):
+    raise BudgetExceededError(
+        f"correlated_noise: update {int(np.max(count)) + 1} exceeds num_steps={num_steps}, the "
+        "steps this strategy's noise, sensitivity and accounting cover.")
+
+
+def _leaf_recursion(strategy, n: int):
+  """``step_leaf(z, hist, t) -> (w_t, new history)``: one leaf's ``w = C^{-1} z`` recursion.
+
+  The weighted sums over the history are ``tensordot`` (one pass over the
+  state; an elementwise product then a reduction is several times slower on
+  CPU). BandMF keeps a circular buffer: slot ``s`` holds the newest
+  ``w_{t'}`` with ``t' = s mod (bands - 1)``, whose lag at step t is
+  ``((t - 1 - s) mod (bands - 1)) + 1``, and ``w_t`` overwrites slot
+  ``t mod (bands - 1)`` (the vector of lag ``bands``, no longer needed); with
+  the state donated to the jitted step the update is in place. The general
+  banded strategy reads ``C[t, t - lag]`` from its band table; BLT keeps one
+  buffer per ``theta``.
+  """
+  size = strategy.state_size
+  if isinstance(strategy, _strategies.ColumnNormalizedBanded):
+    table = strategy.band_table(n)  # table[t, r] = C[t + r, t]
+
+    def general(z, hist, t):
+      diag = jnp.asarray(table[:, 0], z.dtype)[t]
+      if size == 0:
+        return z / diag, hist
+      lag = jnp.mod(t - 1 - jnp.arange(size), size) + 1
+      # C[t, t - lag] = table[t - lag, lag]; a slot not yet written (t < lag) holds zeros.
+      coef = jnp.asarray(table, z.dtype)[jnp.maximum(t - lag, 0), lag]
+      w = (z - jnp.tensordot(coef, hist, axes=1)) / diag
+      start = (jnp.mod(t, size),) + (0,) * z.ndim
+      return w, jax.lax.dynamic_update_slice(hist, w[None], start)
+    return general
+  if isinstance(strategy, _strategies.BandMF):
+    c0 = float(strategy.coefs[0])
+    lagged = np.asarray(strategy.coefs[1:], np.float64)  # c_1 .. c_{bands-1}
+
+    def banded(z, hist, t):
+      if size == 0:
+        return (z if c0 == 1.0 else z / jnp.asarray(c0, z.dtype)), hist
+      coef = jnp.asarray(lagged, z.dtype)[jnp.mod(t - 1 - jnp.arange(size), size)]
+      w = z - jnp.tensordot(coef, hist, axes=1)
+      if c0 != 1.0:
+        w = w / jnp.asarray(c0, z.dtype)
+      start = (jnp.mod(t, size),) + (0,) * z.ndim
+      return w, jax.lax.dynamic_update_slice(hist, w[None], start)
+    return banded
+  theta = np.asarray(strategy.theta, np.float64)
+  omega = np.asarray(strategy.omega, np.float64)
+
+  def blt(z, hist, t):
+    del t
+    if size == 0:
+      return z, hist
+    th = jnp.asarray(theta, z.dtype).reshape((size,) + (1,) * z.ndim)
+    w = z - jnp.tensordot(jnp.asarray(omega, z.dtype), hist, axes=1)
+    return w, th * hist + w[None]
+  return blt
+
+
 def correlated_noise(
     strategy,
     num_steps: int,
@@ -148,17 +213,7 @@ def correlated_noise(
   denom = _validation.check_positive(expected_batch_size, "expected_batch_size")
   _validation.check_key(key)
   size = strategy.state_size
-  banded = isinstance(strategy, _strategies.BandMF)
-  general = isinstance(strategy, _strategies.ColumnNormalizedBanded)
-  c0 = 1.0
-  if banded:
-    c0 = float(strategy.coefs[0])
-    lagged = np.asarray(strategy.coefs[1:], np.float64)  # c_1 .. c_{bands-1}
-  elif general:
-    table = strategy.band_table(n)  # table[t, r] = C[t + r, t]
-  else:
-    theta = np.asarray(strategy.theta, np.float64)
-    omega = np.asarray(strategy.omega, np.float64)
+  step_leaf = _leaf_recursion(strategy, n)
 
   def init_fn(params):
     history = jax.tree.map(
@@ -166,48 +221,7 @@ def correlated_noise(
                             _transforms._compute_dtype(jnp.result_type(p))), params)  # pylint: disable=protected-access
     return CorrelatedNoiseState(key=key, count=jnp.zeros((), jnp.int32), history=history)
 
-  def step_leaf(z, hist, t):
-    """``(w_t, new history)`` of one leaf from its fresh ``z_t`` at step ``t``.
-
-    The weighted sums over the history are ``tensordot`` (one pass over the
-    state; an elementwise product then a reduction is several times slower on
-    CPU). BandMF keeps a circular buffer: slot ``s`` holds the newest
-    ``w_{t'}`` with ``t' = s mod (bands - 1)``, whose lag at step t is
-    ``((t - 1 - s) mod (bands - 1)) + 1``, and ``w_t`` overwrites slot
-    ``t mod (bands - 1)`` (the vector of lag ``bands``, no longer needed);
-    with the state donated to the jitted step the update is in place.
-    """
-    if general:
-      diag = jnp.asarray(table[:, 0], z.dtype)[t]
-      if size == 0:
-        return z / diag, hist
-      slots = jnp.arange(size)
-      lag = jnp.mod(t - 1 - slots, size) + 1
-      # C[t, t - lag] = table[t - lag, lag]; a slot not yet written (t < lag) holds zeros.
-      coef = jnp.asarray(table, z.dtype)[jnp.maximum(t - lag, 0), lag]
-      w = (z - jnp.tensordot(coef, hist, axes=1)) / diag
-      start = (jnp.mod(t, size),) + (0,) * z.ndim
-      return w, jax.lax.dynamic_update_slice(hist, w[None], start)
-    if size == 0:
-      return (z if c0 == 1.0 else z / jnp.asarray(c0, z.dtype)), hist
-    if banded:
-      slots = jnp.arange(size)
-      coef = jnp.asarray(lagged, z.dtype)[jnp.mod(t - 1 - slots, size)]
-      w = z - jnp.tensordot(coef, hist, axes=1)
-      if c0 != 1.0:
-        w = w / jnp.asarray(c0, z.dtype)
-      start = (jnp.mod(t, size),) + (0,) * z.ndim
-      return w, jax.lax.dynamic_update_slice(hist, w[None], start)
-    th = jnp.asarray(theta, z.dtype).reshape((size,) + (1,) * z.ndim)
-    w = z - jnp.tensordot(jnp.asarray(omega, z.dtype), hist, axes=1)
-    return w, th * hist + w[None]
-
-  def refuse_extra(count):
-    count = np.asarray(count)
-    if np.any(count >= n):
-      raise BudgetExceededError(
-          f"correlated_noise: update {int(np.max(count)) + 1} exceeds num_steps={n}, the steps "
-          "this strategy's noise, sensitivity and accounting cover.")
+  refuse_extra = functools.partial(_refuse_extra, num_steps=n)
 
   def update_fn(updates, state, params=None):
     del params
