@@ -56,8 +56,6 @@ def _max_abs_diff(a, b):
   return max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-@pytest.mark.slow  # always on: the overflow chunks in test_overflow_chunks_accumulate_to_the_
-# same_update_as_one_big_chunk, same key same run as train_dpsgd in test_train_dpsgd_cells
 def test_same_key_same_run_as_train_dpsgd_with_overflow_chunks():
   # P = 8 < q N = 20: nearly every Poisson batch is split into several chunks.
   model, params, loss, x, y = _linen_setup()

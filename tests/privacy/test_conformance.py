@@ -23,26 +23,6 @@ NAMES = sorted(REGISTRY)
 # come last: their two subprocesses start then (see fresh_process_digests).
 _PAIRS = ([(name, check) for name in NAMES for check in ("schema",) + cc.CHECKS if check != "fresh"]
           + [(name, "fresh") for name in NAMES])
-# The keyless path of a variant entry ("function[option=...]") is its function's: the key is
-# drawn once from OS entropy where the function (or the plan it builds) is given none, and
-# every option derives its sub-keys from that one key. So the fresh check of one entry per
-# function stays on (the plain entry, or the named representative), and the variants' fresh
-# checks run under slow (same assertion).
-_FRESH_REPRESENTATIVE = {"jaxdp.dpsgd.PrivateSGD.step":
-                         "jaxdp.dpsgd.PrivateSGD.step[noise=independent, clip=fixed]"}
-
-
-def _fresh_representative(name: str) -> str:
-  base = name.split("[", 1)[0]
-  if base in REGISTRY:
-    return base
-  return _FRESH_REPRESENTATIVE.get(base) or min(n for n in NAMES if n.split("[", 1)[0] == base)
-
-
-for _name in NAMES:
-  if _fresh_representative(_name) != _name:
-    cc.slow_checks(_name, "fresh")
-
 CASES = [pytest.param(n, c, marks=pytest.mark.slow) if (n, c) in cc.SLOW_CASES else (n, c)
          for n, c in _PAIRS]
 
