@@ -524,23 +524,38 @@ def _selection_entry(selection: str) -> reg.ReleasePoint:
                    "al. 2016), here one step at q = 1: the Gaussian mechanism of sensitivity C "
                    "(Balle & Wang 2018 Thm 8)"))
   reference = fields.pop("reference")
-  return reg.ReleasePoint(
-      name=f"{NAME}[selection={selection}]", family=FAMILY, epsilon=dp.gaussian_epsilon(mu, DELTA),
-      delta=DELTA, release=functools.partial(_release, cell),
+  return plan_entry(
+      f"{NAME}[selection={selection}]", cell, mu=mu,
       vector=functools.partial(fixed_vector, "independent"),
-      charged=lambda data, acc: (run_plan(*cell, jax.random.key(12), data, acc), 1),
-      fresh=None, norm="l2",
       noise=reg.NoiseSpec(
           kind="gaussian", scale=SIGMA * CLIP,
           reference=functools.partial(fixed_reference, "independent", reference),
           theorem="Gaussian mechanism on the clipped sum, std sigma*C (Abadi et al. 2016 Alg. "
                   "1; per user: McMahan et al. 2018)"),
-      audit=None, support="continuous", public_outputs=("expected_batch_size",),
-      skip={"audit": ("the selection changes which rows are summed, not the noise path: "
-                      "noisy_aggregate is audited (vmapped) in entries_dpsgd.py; the sampler's "
-                      "law is tested in tests/dpsgd/test_fixed_size_sampling.py and "
-                      "tests/dpsgd/test_user_sampling.py")},
+      audit_skip=("the selection changes which rows are summed, not the noise path: "
+                  "noisy_aggregate is audited (vmapped) in entries_dpsgd.py; the sampler's "
+                  "law is tested in tests/dpsgd/test_fixed_size_sampling.py and "
+                  "tests/dpsgd/test_user_sampling.py"),
       **fields)
+
+
+def plan_entry(name, cell, *, neighbouring, unit, pairs, mu, sensitivity, vector, noise, event,
+               guarantee, audit_skip, releases=1) -> reg.ReleasePoint:
+  """The ``ReleasePoint`` of one plan cell released through :func:`run_plan` (T = 1).
+
+  Shared by the selection entries here and the wired cells of
+  ``entries_plan_cells_wired.py``: a ``releases``-step run of ``cell`` from a fixed key,
+  its output compared with the entry's ``vector``/``noise``; the audit is skipped with
+  ``audit_skip`` (the noise paths are audited as their own entries).
+  """
+  return reg.ReleasePoint(
+      name=name, family=FAMILY, neighbouring=neighbouring, unit=unit, guarantee=guarantee,
+      epsilon=dp.gaussian_epsilon(mu, DELTA), delta=DELTA, pairs=pairs,
+      release=functools.partial(_release, cell), vector=vector, event=event,
+      charged=lambda data, acc: (run_plan(*cell, jax.random.key(12), data, acc), releases),
+      fresh=None, sensitivity=sensitivity, norm="l2", noise=noise, audit=None,
+      support="continuous", public_outputs=("expected_batch_size",),
+      skip={"audit": audit_skip})
 
 
 reg.register(_selection_entry("fixed_size"))

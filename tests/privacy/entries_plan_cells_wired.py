@@ -57,20 +57,12 @@ SIGMA, CLIP, DELTA, K = pcells.SIGMA, pcells.CLIP, pcells.DELTA, pcells.K
 GROUPS = ("v", "w")  # the per-layer cell's params leaves, in jax.tree.leaves order
 
 
-def _entry(name, cell, *, neighbouring, unit, pairs, mu, sensitivity, vector, noise, event,
-           guarantee, releases=1):
-  return reg.ReleasePoint(
-      name=name, family=pcells.FAMILY, neighbouring=neighbouring, unit=unit,
-      guarantee=guarantee, epsilon=dp.gaussian_epsilon(mu, DELTA), delta=DELTA, pairs=pairs,
-      release=functools.partial(pcells._release, cell),  # pylint: disable=protected-access
-      vector=vector, event=event,
-      charged=lambda data, acc: (pcells.run_plan(*cell, jax.random.key(12), data, acc), releases),
-      fresh=None, sensitivity=sensitivity, norm="l2", noise=noise, audit=None,
-      support="continuous", public_outputs=("expected_batch_size",),
-      skip={"audit": ("the plan is audited through its noise paths (noisy_aggregate, "
-                      "correlated_noise, adaptive_noisy_aggregate; entries_dpsgd.py, "
-                      "entries_correlated.py, entries_adaptive_clipping.py); the selection "
-                      "changes which rows are summed, tested in tests/dpsgd")})
+_entry = functools.partial(
+    pcells.plan_entry,
+    audit_skip=("the plan is audited through its noise paths (noisy_aggregate, "
+                "correlated_noise, adaptive_noisy_aggregate; entries_dpsgd.py, "
+                "entries_correlated.py, entries_adaptive_clipping.py); the selection "
+                "changes which rows are summed, tested in tests/dpsgd"))
 
 
 # -- selection x adaptive clip (independent noise, T = 1) --------------------------------------
