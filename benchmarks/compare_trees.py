@@ -67,7 +67,7 @@ def _purge() -> None:
     del sys.modules[m]
 
 
-def build(tree: str, tag: str, cells: list[str], batch: int, num_examples: int, rounds: int,
+def build(tree: str, tag: str, cells: list[str], batch: int, num_examples: int, steps: int,
           variants: bool, log) -> dict:
   """``{key: (fn, args)}`` of ``tree``'s cells, each compiled and run once."""
   _purge()
@@ -90,10 +90,9 @@ def build(tree: str, tag: str, cells: list[str], batch: int, num_examples: int, 
     for cell in cells:
       model, what = cell.split("/")
       if what == "loop":
-        steps, _ = bench.loop_steps(model, batch, num_examples, total_steps=4 * rounds + 20,
-                                    method="ghost")
-        add(f"{model}/loop/{tag}", *steps["loop_device"])
-        add(f"{model}/bare/{tag}", *steps["bare_padded"])
+        fns_, _ = bench.loop_steps(model, batch, num_examples, total_steps=steps, method="ghost")
+        add(f"{model}/loop/{tag}", *fns_["loop_device"])
+        add(f"{model}/bare/{tag}", *fns_["bare_padded"])
         continue
       branches = [None] + (["nocond", "always"] if variants and tag == "new" else [])
       for branch in branches:
@@ -134,8 +133,9 @@ def main(argv: list[str] | None = None) -> dict:
   rounds, reps = (5, 2) if args.quick else (20, 5)
   here = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
   log = lambda s: print(s, flush=True)
-  fns = build(old, "old", cells, batch, num_examples, rounds, False, log)
-  fns.update(build(here, "new", cells, batch, num_examples, rounds, args.variants, log))
+  steps = rounds * reps + 10  # the loop cells' plans: warm-up calls and every timed step
+  fns = build(old, "old", cells, batch, num_examples, steps, False, log)
+  fns.update(build(here, "new", cells, batch, num_examples, steps, args.variants, log))
   times: dict = {k: [] for k in fns}
   for _ in range(rounds):
     for key, (fn, fargs) in fns.items():

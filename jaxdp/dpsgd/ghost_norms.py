@@ -67,16 +67,16 @@ forms, whose terms have both signs, get the absolute bound
 clipped sum itself is one batched contraction, with the rounding of an
 ordinary backward pass.
 
-Huge and non-finite gradients (as in :mod:`jaxdp.dpsgd.clipping`). The norms
-are first computed plainly from the raw values
+Huge and non-finite gradients (as in :mod:`jaxdp.dpsgd.clipping`). Every
+chunk is computed the robust way by default
+(:func:`~jaxdp.dpsgd.clip_factors.robust_rule_in_cond` says why); the
+alternative form computes the norms plainly from the raw values
 (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_plain`, with absolute terms in
 ``err`` for squares, products and partial sums flushed to zero below the
-smallest normal float32); only for a chunk where some example's plain bound is
-not finite does a ``jax.lax.cond`` recompute the chunk (capture, factors and
-book-keeping, from params and the batch) the robust way; on a GPU, whose
-conditionals stall the step, every chunk is computed the robust way and there
-is no ``cond`` (:func:`~jaxdp.dpsgd.clip_factors.robust_rule_in_cond`). The
-robust way (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
+smallest normal float32) and only for a chunk where some example's plain bound
+is not finite recomputes the chunk (capture, factors and book-keeping, from
+params and the batch) the robust way inside a ``jax.lax.cond``. The robust way
+(:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
 array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
 fallback gradients -- is first scaled per example by the power of two
 ``2^-k`` just above its largest entry (exact), so the norms of finite
@@ -184,7 +184,7 @@ def ghost_chunk_sums(loss_fn: Callable[..., Any], params: PyTree, mask: jax.Arra
            jnp.where(keep, norm, 0.0), jnp.sum(was_scaled.astype(jnp.int32)), counts, aux)
     return out, jnp.any(jnp.logical_not(finite))
 
-  if not _cf.robust_rule_in_cond():  # on a GPU: the robust rule for every chunk, no cond
+  if not _cf.robust_rule_in_cond():  # the default: the robust rule for every chunk, no cond
     return chunk(True, params, mask, args)[0]
   fast, rare = chunk(False, params, mask, args)
   # Only when some example's plain bound is not finite (a masked slot's included: the plain
