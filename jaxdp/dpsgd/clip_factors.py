@@ -187,40 +187,6 @@ def _scaled_norm(e: jax.Array, s: jax.Array) -> jax.Array:
   return jnp.ldexp(jnp.sqrt(s), jnp.maximum(e, -1000))
 
 
-# "inline" (default) or "cond": which form of its robust rule the ghost clipper traces
-# (robust_rule_in_cond). Tests set it to run both forms.
-_ROBUST_RULE = "inline"
-
-
-def robust_rule_in_cond() -> bool:
-  """Whether the ghost clipper runs its robust (power-of-two-scaled) rule only in a ``lax.cond``.
-
-  By default it does not: the ghost clipper (:mod:`jaxdp.dpsgd.ghost_norms`)
-  applies the robust rule to every chunk. The alternative, the plain rule with
-  a chunk recomputed the robust way inside a ``lax.cond`` only when some
-  example's plain bound is not finite, was measured slower on both backends:
-
-  * XLA:GPU reads a conditional's predicate on the host, a stall inside every
-    step. On an H200 (jax 0.11.2, ``benchmarks/compare_trees.py``, one process,
-    interleaved rounds) the ``cond`` made ResNet-20 GN's ghost step at batch 600
-    1.22x slower than the same step without it, the MLP's at batch 256 1.38x
-    and the SmallCNN's 1.42x; the robust rule for every chunk cost ResNet-20
-    1.05x.
-  * On 2 CPU cores, the plan's bare ghost step (SmallCNN, a traced mask, 357
-    rows) took 77.5 ms with the ``cond`` against 61.6 ms inline (63.8 ms
-    before the plan redesign); the direct MLP, SmallCNN and ResNet-20 (batch
-    16) ghost steps were within 5% of their time before the redesign in
-    either form.
-
-  Both forms give the same clipped sums, norms and clip counts up to rounding
-  (a non-finite example contributes exactly zero, a huge finite one is
-  clipped to the clip norm). The vmap and reweight methods keep their
-  ``cond`` (their robust form would re-read every materialised per-example
-  gradient).
-  """
-  return _ROBUST_RULE == "cond"
-
-
 def clip_groups(leaves: Sequence[jax.Array], groups: Sequence[Sequence[int]], clips: Sequence[Any],
                 unit_inverse: Any = None) -> tuple[list, jax.Array, jax.Array, jax.Array, jax.Array]:
   """Clips ONE example's gradient group-wise; the core of ``method="vmap"``.

@@ -9,17 +9,12 @@ the exact squared norm of the per-example gradient is at most ``sq + err``
 
 * :func:`layer_grads`: the per-example gradients that are materialised
   (GroupNorm/LayerNorm and Dense/Conv where it is cheaper; the bias
-  ``sum_t delta_t`` of a ghost Dense/Conv), computed once and shared by the two
-  rules below and by the book-keeping sum;
-* :func:`layer_sq_norms_plain`: the plain computation (the common case), from
-  the raw ``a``, ``d`` and gradients; a product or partial sum below the
-  smallest normal float32 may be flushed to zero, which ``err`` covers with
-  an absolute ``2^-124`` per flushed product or sum and ``2^-125`` times the
-  norms it multiplies; valid where every value is finite;
-* :func:`layer_sq_norms_scaled`: the power-of-two-scaled computation (the
-  rare case: a huge or non-finite value somewhere), each array scaled per
-  example by the power of two just above its largest entry, the squared norm
-  carried as ``4^k (sq + err)``.
+  ``sum_t delta_t`` of a ghost Dense/Conv), computed once and shared by the
+  norm rule below and by the book-keeping sum;
+* :func:`layer_sq_norms_scaled`: the power-of-two-scaled computation, each
+  array scaled per example by the power of two just above its largest entry
+  (exact), the squared norm carried as ``4^k (sq + err)``, so that no finite
+  float32 value overflows it and a non-finite one is reported, not summed.
 """
 
 from __future__ import annotations
@@ -35,7 +30,6 @@ from jaxdp.dpsgd import clip_factors as _cf
 from jaxdp.dpsgd.ghost_plan import _Call
 
 _U = 2.0 ** -24  # float32 unit roundoff
-_FLUSH = _cf._FLUSH_SLACK  # pylint: disable=protected-access  # 2^-125, per flushed term
 
 
 def _f32(x):
@@ -285,74 +279,6 @@ def layer_sq_norms_scaled(call: _Call, leaves, a, d, grads: dict) -> tuple[dict,
 def _layer_sq_norms(call: _Call, leaves, a, d) -> tuple[dict, jax.Array]:
   """:func:`layer_sq_norms_scaled` with the gradients of :func:`layer_grads`."""
   return layer_sq_norms_scaled(call, leaves, a, d, layer_grads(call, leaves, a, d))
-
-
-def _plain_rows(x) -> tuple[jax.Array, jax.Array]:
-  """``(sq, err)`` of the per-row squared norm of raw (B, ...) ``x``: ``||x_n||^2 <= sq + err``.
-
-  ``sq`` is the blocked sum of the raw squares (:func:`_rows_sumsq`); ``err``
-  its rounding ``sq gamma`` and ``n 2^-125`` (doubled) for flushed squares and
-  partial sums (the clip_factors module docstring).
-  """
-  sq, gam = _rows_sumsq(x)
-  return sq, sq * gam + 2.0 * _FLUSH * _row_terms(x)
-
-
-def _token_norms(x, terms: int) -> jax.Array:
-  """(B, T) per-token norms of (B, T, k), inflated to bound flushed squares (``terms`` each)."""
-  return jnp.sqrt(_sumsq(x, 2) + terms * 2.0 * _FLUSH)
-
-
-def layer_sq_norms_plain(call: _Call, leaves, a, d, grads: dict) -> dict:
-  """``{leaf: (sq (B,), err (B,))}`` from the raw (unscaled) values.
-
-  The exact squared per-example norm is at most ``sq + err`` wherever every
-  returned value is finite (the module docstring's flush terms included);
-  A non-finite value shows as a non-finite ``sq`` or ``err`` (of the gradient
-  of a materialised layer, which every inf or NaN of its ``a_n`` or ``delta_n``
-  that the layer reads reaches). Where anything is not finite the caller uses
-  the scaled rule.
-  """
-  out = {}
-  if call.strategy == "materialise":
-    for i, g in grads.items():
-      out[i] = _plain_rows(g)
-    return out
-  d32 = _f32(d)
-  hi = jax.lax.Precision.HIGHEST
-  if call.kind == "embed":
-    ids = a.reshape((a.shape[0], -1))
-    dt = _tokens(d32, 1)
-    t, p = dt.shape[1], dt.shape[2]
-    eq = (ids[:, :, None] == ids[:, None, :]).astype(jnp.float32)
-    sq = jnp.sum(eq * jnp.einsum("btk,bsk->bts", dt, dt, precision=hi), axis=(1, 2))
-    s = jnp.sum(_token_norms(dt, p), axis=1)
-    err = _gamma(p + t * t + 2) * 2.0 * jnp.square(s) + 2.0 * _FLUSH * (p + 2) * t * t
-    out[call.leaves["['embedding']"]] = (sq, err)
-    return out
-  at = _tokens(_f32(a), 1) if call.kind == "dense" else _conv_patches(call, a)
-  dt = _tokens(d32, 1)
-  n_a, n_d = at.shape[1] * at.shape[2], dt.shape[1] * dt.shape[2]
-  if call.strategy == "outer":
-    (a2, gam_a), (d2, gam_d) = _rows_sumsq(at), _rows_sumsq(dt)
-    sq = a2 * d2
-    err = (sq * (gam_a + gam_d + gam_a * gam_d + 4 * _U)
-           + a2 * (4.0 * _FLUSH * n_d) + d2 * (4.0 * _FLUSH * n_a) + 8.0 * _FLUSH)
-  else:
-    t = at.shape[1]
-    ga = jnp.einsum("btk,bsk->bts", at, at, precision=hi)
-    gd = jnp.einsum("btk,bsk->bts", dt, dt, precision=hi)
-    sq = jnp.sum(ga * gd, axis=(1, 2))
-    na, nd = _token_norms(at, at.shape[2]), _token_norms(dt, dt.shape[2])
-    sa, sd = jnp.sum(na, axis=1), jnp.sum(nd, axis=1)
-    err = (_gamma(max(at.shape[2], dt.shape[2]) + t * t + 2) * 2.0
-           * jnp.square(jnp.sum(na * nd, axis=1))
-           + jnp.square(sa) * (2.0 * _FLUSH * dt.shape[2])
-           + jnp.square(sd) * (2.0 * _FLUSH * at.shape[2]) + 4.0 * _FLUSH * t * t)
-  out[call.leaves["['kernel']"]] = (sq, err)
-  for i, gb in grads.items():  # the bias, materialised
-    out[i] = _plain_rows(gb)
-  return out
 
 
 def _leaf_groups(params, per_layer: bool, clip_spec: Any, even_split: bool) -> tuple[list, list]:

@@ -67,17 +67,9 @@ forms, whose terms have both signs, get the absolute bound
 clipped sum itself is one batched contraction, with the rounding of an
 ordinary backward pass.
 
-Huge and non-finite gradients (as in :mod:`jaxdp.dpsgd.clipping`). Every
-chunk is computed the robust way by default
-(:func:`~jaxdp.dpsgd.clip_factors.robust_rule_in_cond` says why); the
-alternative form computes the norms plainly from the raw values
-(:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_plain`, with absolute terms in
-``err`` for squares, products and partial sums flushed to zero below the
-smallest normal float32) and only for a chunk where some example's plain bound
-is not finite recomputes the chunk (capture, factors and book-keeping, from
-params and the batch) the robust way inside a ``jax.lax.cond``. The robust way
-(:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`): every
-array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
+Huge and non-finite gradients (as in :mod:`jaxdp.dpsgd.clipping`): the norms
+are computed the robust way (:func:`~jaxdp.dpsgd.ghost_layers.layer_sq_norms_scaled`):
+every array whose squares are summed -- ``a_n``, ``delta_n``, materialised and
 fallback gradients -- is first scaled per example by the power of two
 ``2^-k`` just above its largest entry (exact), so the norms of finite
 gradients never overflow (entries of 1e30 in float32 are clipped correctly);
@@ -92,6 +84,16 @@ layer reads reaches, ``x * 0`` being NaN) contributes EXACTLY ZERO (its
 activations and cotangents are replaced by zeros with ``jnp.where`` before the
 book-keeping contraction), counts as clipped and has norm ``inf`` in the
 non-private diagnostics.
+
+Every chunk takes this rule; there is no cheaper plain rule behind a
+``jax.lax.cond`` taken only for huge or non-finite values. Such a cond was
+measured slower on both backends: XLA:GPU reads a conditional's predicate on
+the host, a stall inside every step (on an H200, jax 0.11.2,
+``benchmarks/compare_trees.py``: ResNet-20 GN's ghost step at batch 600 took
+1.22x the time of the same step without the cond, the MLP's at batch 256 1.38x,
+the SmallCNN's 1.42x, while the robust rule for every chunk cost ResNet-20
+1.05x); on 2 CPU cores the plan's bare SmallCNN ghost step (357 rows) took
+77.5 ms with the cond against 61.6 ms with the robust rule inline.
 """
 
 
@@ -103,16 +105,13 @@ import jax
 import jax.numpy as jnp
 
 from jaxdp.dpsgd import clip_factors as _cf
-# Re-exported: the plan and capture live in ghost_plan, the per-layer rules in ghost_layers.
+# _Call and _conv_patches are re-exported for the tests of the capture.
 from jaxdp.dpsgd.ghost_layers import (  # pylint: disable=unused-import
-    _BLOCK, _FLUSH, _U, _UNDERFLOW_SLACK, _combine, _conv_patches, _f32, _gamma, _gram_sq,
-    _layer_sq_norms, _leaf_groups, _materialise, _own_params, _plain_rows, _row_scale, _row_terms,
-    _rows_sumsq, _safe_clip, _safe_factor, _sumsq, _tokens, layer_grads, layer_sq_norms_plain,
+    _UNDERFLOW_SLACK, _combine, _conv_patches, _f32, _gamma, _layer_sq_norms, _leaf_groups,
+    _own_params, _row_scale, _row_terms, _rows_sumsq, _safe_factor, layer_grads,
     layer_sq_norms_scaled)
 from jaxdp.dpsgd.ghost_plan import (  # pylint: disable=unused-import
-    _PLAN_CACHE, _SUPPORTED, GhostPlan, _Call, _capture, _conv_patches_ok, _discover,
-    _interceptor_factory, _leaks, _loss_only, _one_example_specs, _strategy, _supported_config,
-    make_plan)
+    GhostPlan, _Call, _capture, make_plan)
 
 PyTree = Any
 
@@ -162,44 +161,29 @@ def ghost_chunk_sums(loss_fn: Callable[..., Any], params: PyTree, mask: jax.Arra
   plan = make_plan(loss_fn, params, *args, batch_argnums=batch_argnums, has_aux=has_aux)
   group_of, clips = _leaf_groups(params, per_layer, clip_spec, even_split)
 
-  def chunk(robust: bool, params, mask, args):
-    leaves, treedef = jax.tree.flatten(params)
-    keep = mask > 0
-    loss, acts, deltas, fb_grads, aux = _capture(loss_fn, plan, params, mask, args,
-                                                 batch_argnums, has_aux)
-    mats = [layer_grads(c, leaves, a, d) for c, a, d in zip(plan.calls, acts, deltas)]
-    ctx = _FactorContext(plan, leaves, group_of, clips, unit_inverse, mask.shape[0])
-    rule = ctx.scaled if robust else ctx.plain
-    factors, scaled, finite, norm = rule(acts, deltas, fb_grads, mats)
-    use = jnp.logical_and(keep, finite)
-    factors = jnp.where(use[None, :], factors, 0.0)
-    per_group = jnp.logical_and(keep[None, :],
-                                jnp.logical_or(scaled, jnp.logical_not(finite)[None, :]))
-    per_group = jnp.logical_and(per_group, jnp.asarray(ctx.nonempty)[:, None])
-    gsum = _bookkeeping(plan, leaves, acts, deltas, fb_grads, mats, factors, use, group_of,
-                        zero_unused=robust)
-    was_scaled = jnp.any(per_group, axis=0)
-    counts = jnp.sum(per_group.astype(jnp.int32), axis=1) if per_layer else None
-    out = (jax.tree.unflatten(treedef, gsum), jnp.sum(jnp.where(keep, _f32(loss), 0.0)),
-           jnp.where(keep, norm, 0.0), jnp.sum(was_scaled.astype(jnp.int32)), counts, aux)
-    return out, jnp.any(jnp.logical_not(finite))
-
-  if not _cf.robust_rule_in_cond():  # the default: the robust rule for every chunk, no cond
-    return chunk(True, params, mask, args)[0]
-  fast, rare = chunk(False, params, mask, args)
-  # Only when some example's plain bound is not finite (a masked slot's included: the plain
-  # book-keeping multiplies by its zero factor) is the whole chunk recomputed with the scaled
-  # rule, factors and book-keeping from the same activations, unused examples replaced by
-  # zeros. Only params, the mask and the batch enter the cond: large operands (activations,
-  # cotangents) in a conditional cost XLA:CPU ~10% of a ResNet-20 step.
-  return jax.lax.cond(rare, lambda ops: chunk(True, *ops)[0], lambda ops: fast,
-                      (params, mask, args))
+  leaves, treedef = jax.tree.flatten(params)
+  keep = mask > 0
+  loss, acts, deltas, fb_grads, aux = _capture(loss_fn, plan, params, mask, args,
+                                               batch_argnums, has_aux)
+  mats = [layer_grads(c, leaves, a, d) for c, a, d in zip(plan.calls, acts, deltas)]
+  ctx = _FactorContext(plan, leaves, group_of, clips, unit_inverse, mask.shape[0])
+  factors, scaled, finite, norm = ctx.factors(acts, deltas, fb_grads, mats)
+  use = jnp.logical_and(keep, finite)
+  factors = jnp.where(use[None, :], factors, 0.0)
+  per_group = jnp.logical_and(keep[None, :],
+                              jnp.logical_or(scaled, jnp.logical_not(finite)[None, :]))
+  per_group = jnp.logical_and(per_group, jnp.asarray(ctx.nonempty)[:, None])
+  gsum = _bookkeeping(plan, leaves, acts, deltas, fb_grads, mats, factors, use, group_of)
+  was_scaled = jnp.any(per_group, axis=0)
+  counts = jnp.sum(per_group.astype(jnp.int32), axis=1) if per_layer else None
+  return (jax.tree.unflatten(treedef, gsum), jnp.sum(jnp.where(keep, _f32(loss), 0.0)),
+          jnp.where(keep, norm, 0.0), jnp.sum(was_scaled.astype(jnp.int32)), counts, aux)
 
 
 class _FactorContext:
-  """Per-group clip factors of one chunk, from the plain or the scaled per-layer rules.
+  """Per-group clip factors of one chunk, from the scaled per-layer rules.
 
-  Both return ``(factors (G, B), scaled (G, B), finite (B,), norm (B,))``: the
+  :meth:`factors` returns ``(factors (G, B), scaled (G, B), finite (B,), norm (B,))``: the
   factor ``min(cap, c_k' / bound)`` of group k (before masking), whether it is
   below the cap, whether the example is finite, and its global pre-clip norm
   (``inf`` if not finite). ``nonempty`` marks the groups with a parameter.
@@ -229,30 +213,8 @@ class _FactorContext:
     stack = lambda xs, dt: jnp.stack(xs) if xs else jnp.zeros((0, b), dt)
     return stack(factors, jnp.float32), stack(scaled, bool), finite, jnp.where(finite, diag, jnp.inf)
 
-  def plain(self, acts, deltas, fb_grads, mats) -> tuple:
-    """The factors from :func:`layer_sq_norms_plain` (the common case)."""
-    b = self.b
-    parts_g: list = [[] for _ in self.clips]
-    diag = jnp.zeros((b,), jnp.float32)
-    terms = [layer_sq_norms_plain(c, self.leaves, a, d, m)
-             for c, a, d, m in zip(self.plan.calls, acts, deltas, mats)]
-    terms += [{i: _plain_rows(gr)} for i, gr in zip(self.plan.fallback_leaves, fb_grads)]
-    for out in terms:
-      for i, (s, e) in out.items():
-        parts_g[self.group_of[i]].append((None, s + e))
-        diag = diag + s
-    n = len(self.leaves)
-
-    def factor_of(parts, clip):
-      # Summing the K nonnegative leaf terms adds at most gamma_K (relative).
-      bound = sum(v for _, v in parts) * (1.0 + _gamma(n + 2))
-      return _safe_factor(jnp.zeros((b,), jnp.int32), bound, clip, self.cap)
-
-    # Finiteness comes from the sums alone (_finish): a non-finite value reaches one.
-    return self._finish(parts_g, jnp.ones((b,), bool), factor_of, jnp.sqrt(diag))
-
-  def scaled(self, acts, deltas, fb_grads, mats) -> tuple:
-    """The factors from :func:`layer_sq_norms_scaled` (huge or non-finite values)."""
+  def factors(self, acts, deltas, fb_grads, mats) -> tuple:
+    """The factors from :func:`layer_sq_norms_scaled` (finite at any float32 magnitude)."""
     b = self.b
     parts_g: list = [[] for _ in self.clips]
     diag_parts: list = []  # (k, sq) without the error bounds: the reported norms
@@ -287,30 +249,26 @@ class _FactorContext:
 
 
 def _bookkeeping(plan: GhostPlan, leaves: list, acts, deltas, fb_grads, mats, factors, use,
-                 group_of: list, zero_unused: bool = True) -> list:
+                 group_of: list) -> list:
   """The clipped sum per leaf: ``vjp_W(layer)(a, C * delta)`` per layer and clip group.
 
-  With ``zero_unused``, ``a`` and ``delta`` of unused (masked or non-finite)
-  examples are replaced by zeros, never multiplied, and materialised and
-  fallback leaves are summed as ``sum_n [use_n] C_n g_n``. Without it (the
-  plain rule, used only when every example's values are finite) unused examples
-  are multiplied by their zero factor, which is exact for finite values and
-  saves a pass over every activation.
+  ``a`` and ``delta`` of unused (masked or non-finite) examples are replaced
+  by zeros, never multiplied (``inf * 0`` is NaN), and materialised and
+  fallback leaves are summed as ``sum_n [use_n] C_n g_n``.
   """
   b = use.shape[0]
   out = [None] * len(leaves)
   materialised = {i: g for m in mats for i, g in m.items()}
   for c, a, d in zip(plan.calls, acts, deltas):
     own_f32 = jax.tree.map(_f32, _own_params(c, leaves))
-    a_safe = (jnp.where(use.reshape((b,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
-              if zero_unused else a)
+    a_safe = jnp.where(use.reshape((b,) + (1,) * (a.ndim - 1)), a, jnp.zeros_like(a))
     kd = use.reshape((b,) + (1,) * (d.ndim - 1))
     groups = sorted({group_of[i] for i in c.leaves.values() if i not in materialised})
     names_by_group = {g: [n for n, i in c.leaves.items()
                           if group_of[i] == g and i not in materialised] for g in groups}
     for g in groups:
       f = factors[g].reshape((b,) + (1,) * (d.ndim - 1))
-      wd = jnp.where(kd, _f32(d) * f, 0.0) if zero_unused else _f32(d) * f
+      wd = jnp.where(kd, _f32(d) * f, 0.0)
 
       def batched(p, module=c.module, a_safe=a_safe):
         return jax.vmap(lambda ai: module.apply({"params": p}, ai))(a_safe)
@@ -324,7 +282,7 @@ def _bookkeeping(plan: GhostPlan, leaves: list, acts, deltas, fb_grads, mats, fa
   for i, gr in list(zip(plan.fallback_leaves, fb_grads)) + list(materialised.items()):
     f = factors[group_of[i]].reshape((b,) + (1,) * (gr.ndim - 1))
     kg = use.reshape((b,) + (1,) * (gr.ndim - 1))
-    out[i] = jnp.sum(jnp.where(kg, _f32(gr) * f, 0.0) if zero_unused else _f32(gr) * f, axis=0)
+    out[i] = jnp.sum(jnp.where(kg, _f32(gr) * f, 0.0), axis=0)
   return out
 
 

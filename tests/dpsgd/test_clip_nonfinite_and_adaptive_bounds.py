@@ -38,8 +38,8 @@ _BAD = jnp.array([[jnp.inf, 1.0], [jnp.nan, 0.5]], jnp.float32)
 
 # (method, per_layer, microbatch_size)
 # Every clipper under `slow` (same assertions). Always on: flat vmap and reweight in
-# test_dpsgd_clipping; ghost, flat and per layer, in test_robust_rule_forms (the inline form
-# with these assertions, and the cond form equal to it on inf and 1e30 inputs).
+# test_dpsgd_clipping; ghost, flat and per layer, in test_ghost_extreme_values (these
+# assertions, and the ghost clipper equal to the vmap one on inf and 1e30 inputs).
 _SLOW = pytest.mark.slow
 _CLIPPERS = [pytest.param("vmap", False, None, marks=_SLOW),
              pytest.param("vmap", True, None, marks=_SLOW),

@@ -1,11 +1,11 @@
-"""The ghost clipper's robust rule for every chunk (the default) or in a ``lax.cond``.
+"""The ghost clipper on huge and non-finite per-example gradients.
 
-``clip_factors.robust_rule_in_cond`` says which form runs; both are run here by
-setting ``clip_factors._ROBUST_RULE``. The inline form must
-give the clipped sums, norms and clip counts of the ``cond`` form (up to
-rounding), keep a non-finite example's contribution at exactly zero and clip a
-huge finite one to the clip norm, flat and per layer, with a fixed and an
-adaptive (traced ``1/D``) clip norm, in one chunk and in microbatches.
+Its robust (power-of-two-scaled) rule runs for every chunk. It must give the
+clipped sums, norms and clip counts of the vmap clipper (an independent
+implementation: per-example gradients materialised) up to rounding, keep a
+non-finite example's contribution at exactly zero and clip a huge finite one
+to the clip norm, flat and per layer, with a fixed and an adaptive (traced
+``1/D``) clip norm, in one chunk and in microbatches.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from jaxdp import models
 from jaxdp.dpsgd import adaptive_clipping as ac
-from jaxdp.dpsgd import clip_factors, clipping
+from jaxdp.dpsgd import clipping
 
 _MODEL = models.MLP(hidden_sizes=(8,))
 _X = jax.random.normal(jax.random.key(0), (6, 5))
@@ -33,16 +33,7 @@ def _loss(p, xi, yi):
           + jnp.sum(p["Dense_0"]["kernel"].T @ xi))
 
 
-def test_default_form_is_inline(monkeypatch):
-  assert not clip_factors.robust_rule_in_cond()
-  monkeypatch.setattr(clip_factors, "_ROBUST_RULE", "inline")
-  assert not clip_factors.robust_rule_in_cond()
-  monkeypatch.setattr(clip_factors, "_ROBUST_RULE", "cond")
-  assert clip_factors.robust_rule_in_cond()
-
-
-def _run(per_layer, adaptive, x, y, mask=None, micro=None):
-  method = "ghost"
+def _run(per_layer, adaptive, x, y, mask=None, micro=None, method="ghost"):
   if adaptive:
     clip = (jnp.float32(0.7) if not per_layer
             else {"Dense_0": jnp.float32(0.5), "Dense_1": jnp.float32(0.4)})
@@ -62,15 +53,13 @@ _SLOW = pytest.mark.slow
     (False, False, None), pytest.param(True, False, None, marks=_SLOW),
     pytest.param(False, True, None, marks=_SLOW), (True, True, None),
     pytest.param(False, False, 4, marks=_SLOW)])
-def test_inline_equals_cond(monkeypatch, per_layer, adaptive, micro):
+def test_ghost_equals_vmap(per_layer, adaptive, micro):
   bad = jnp.concatenate([_X[:4], jnp.array([[jnp.inf, 0, 0, 0, 0], [1e30, -1e30, 0, 0, 0]],
                                            jnp.float32)])
   mask = jnp.array([True, True, False, True, True, True])
-  out = {}
-  for form in ("cond", "inline"):
-    monkeypatch.setattr(clip_factors, "_ROBUST_RULE", form)
-    out[form] = [_run(per_layer, adaptive, x, _Y, mask, micro) for x in (_X, bad)]
-  for (g_c, i_c), (g_i, i_i) in zip(out["cond"], out["inline"]):
+  out = {method: [_run(per_layer, adaptive, x, _Y, mask, micro, method) for x in (_X, bad)]
+         for method in ("vmap", "ghost")}
+  for (g_c, i_c), (g_i, i_i) in zip(out["vmap"], out["ghost"]):
     for u, v in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_i)):
       assert bool(jnp.all(jnp.isfinite(v)))
       np.testing.assert_allclose(np.asarray(v), np.asarray(u), rtol=1e-5, atol=1e-6)
@@ -80,9 +69,7 @@ def test_inline_equals_cond(monkeypatch, per_layer, adaptive, micro):
 
 
 @pytest.mark.parametrize("per_layer", [False, True])
-def test_inline_nonfinite_is_zero_and_huge_is_clipped(monkeypatch, per_layer):
-  # The cond form: tests/dpsgd/test_clip_nonfinite_and_adaptive_bounds.py (same assertions).
-  monkeypatch.setattr(clip_factors, "_ROBUST_RULE", "inline")
+def test_ghost_nonfinite_is_zero_and_huge_is_clipped(per_layer):
   x = jnp.concatenate([_X[:2], jnp.array([[jnp.nan, 0, 0, 0, 0]], jnp.float32)])
   g_bad, info = _run(per_layer, False, x, _Y[:3])
   g_good, _ = _run(per_layer, False, _X[:2], _Y[:2])
