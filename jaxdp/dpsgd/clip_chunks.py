@@ -8,22 +8,30 @@ g_{n,k}``, ``C_{n,k} = min(1, c_k' / ||g_{n,k}||)`` (``min(1/D, ...)`` with a
 contributing EXACTLY zero (a ``jnp.where``, never a product), counted as
 clipped with norm ``inf``.
 
-Cost. The common case is the plain computation: one sum of squares per
-example and group and one product per gradient entry
-(:mod:`jaxdp.dpsgd.clip_factors`), the clipping done inside the vmapped
-per-example function as before. An example whose plain sum is not finite -- a
-huge gradient whose squares overflow, or an inf or NaN -- gets clip factor 0
-there (its product is 0, or NaN for an inf or NaN entry), and a
-``jax.lax.cond`` recomputes the per-example gradients of exactly those
-examples and clips them by :func:`~jaxdp.dpsgd.clip_factors.clip_groups`
-(power-of-two scaled: a finite gradient of any size is clipped correctly, a
-non-finite one contributes zero); their contributions come from that
-recomputation alone, norms included. When the batch sum is not finite (``inf *
-0`` in the vmap method, or in a zero-weighted example's backward pass in the
-reweight method) the recomputation replaces it for every kept example, so no
-NaN or inf ever leaves the chunk. Only small arrays (params, the batch, a
-mask) enter the ``cond``: on XLA:CPU heavy work or large operands inside a
-conditional cost several times more.
+Norms. Every example's group gets two sums of squares in one variadic
+reduction (:func:`~jaxdp.dpsgd.clip_factors.group_sum_squares`): the plain
+``fl(sum g^2)`` and ``fl(sum (2^-k g)^2)``, whose terms cannot overflow for
+any finite float32 ``g``; the second is used only where the first overflowed,
+and the clipped gradient is ``(g p) f`` with ``p = 2^-k`` there (else 1), so a
+finite gradient of any size is clipped correctly
+(:func:`~jaxdp.dpsgd.clip_factors.factor_from_sums`). A masked or non-finite
+example gets factor 0, and ``(g p) f`` is then 0 but for NaN at the entries
+where ``g`` is not finite (``inf * 0``).
+
+The vmap method removes those NaN in one of two forms, chosen by platform at
+lowering (``jax.lax.platform_dependent``). Off XLA:CPU a ``where`` on each
+entry's own value maps them to 0, so no ``jax.lax.cond`` is needed: XLA:GPU
+reads a conditional's predicate on the host, a stall in every step (on an
+H200 the earlier form, with a ``cond`` for huge or non-finite examples, made
+the SmallCNN's vmap step 1.41x and the MLP's 1.22x slower than the same step
+without it). On XLA:CPU that ``where`` keeps the batch sum from fusing with
+the product (the MLP's vmap step at batch 256: 1.85 s against 1.10 s on 2
+cores), so there the sum is formed without it and a ``cond`` redoes it with
+the ``where`` only when it is not finite. The reweight method's batched
+backward pass cannot keep a zero-weighted non-finite example's ``0 * inf``
+out of its sum, so on every platform a non-finite sum (or a factor that the
+product ``p f`` flushes to zero) is redone by the vmap method inside a
+``cond``. Only small operands (params, the batch, a mask) enter a ``cond``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,9 @@ from jaxdp.dpsgd import clip_factors as cf
 
 PyTree = Any
 
+# Which form method="vmap" lowers to: "auto" (by platform, ChunkClipper.vmap), or, for tests,
+# "inline" (every platform's form elsewhere than XLA:CPU) or "repaired" (XLA:CPU's).
+_VMAP_FORM = "auto"
 
 
 class ChunkClipper:
@@ -82,95 +93,86 @@ class ChunkClipper:
     return self.vmap(params, mask, args)
 
   def vmap(self, params, mask, args):
-    """Materialised per-example gradients, clipped group-wise and summed."""
+    """Materialised per-example gradients, clipped group-wise and summed.
+
+    XLA:CPU runs :meth:`_vmap_repaired`, every other platform the same sum with
+    each non-finite entry zeroed in place and no ``cond``
+    (``jax.lax.platform_dependent``, chosen at lowering; module docstring).
+    """
+    if _VMAP_FORM == "inline":
+      return self._vmap_sum(params, mask, args, True)
+    if _VMAP_FORM == "repaired":
+      return self._vmap_repaired(params, mask, args)
+    return jax.lax.platform_dependent(params, mask, args, cpu=self._vmap_repaired,
+                                      default=lambda *ops: self._vmap_sum(*ops, True))
+
+  def _vmap_repaired(self, params, mask, args):
+    """The sum without the per-entry ``where``; a non-finite sum is redone with it (``cond``)."""
+    fast = self._vmap_sum(params, mask, args, False)
+    bad = _not_finite(fast[0])
+    shapes = jax.eval_shape(lambda: fast[0])
+    redo = jax.lax.cond(bad, lambda ops: self._vmap_sum(*ops, True)[0],
+                        lambda ops: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
+                        (params, mask, args))
+    return (jax.tree.map(lambda g, r: jnp.where(bad, r, g), fast[0], redo),) + tuple(fast[1:])
+
+  def _vmap_sum(self, params, mask, args, zero_entries: bool):
     groups, clips = self._groups(params)
     keep = mask > 0
-    clipped, loss, norm, per_group, plain, aux = jax.vmap(
-        self._plain_one(groups, clips), in_axes=self._in_axes(args))(params, mask, *args)
+    clipped, loss, norm, per_group, aux = jax.vmap(
+        self._clip_one(groups, clips, zero_entries), in_axes=self._in_axes(args))(
+            params, mask, *args)
     gsum = jax.tree.map(lambda g: jnp.sum(g, axis=0), clipped)
     per_group = jnp.logical_and(keep[:, None], per_group)
-    bad = _not_finite(gsum)
-    subset = jnp.where(bad, keep, jnp.logical_and(keep, jnp.logical_not(plain)))
-    gsum, norm, per_group = self._with_rare(params, args, gsum, jnp.where(keep, norm, 0.0),
-                                            per_group, subset, bad)
     counts = jnp.sum(per_group.astype(jnp.int32), axis=0) if self.per_layer else None
     n_clipped = jnp.sum(jnp.any(per_group, axis=1).astype(jnp.int32))
-    return gsum, jnp.sum(jnp.where(keep, loss, 0.0)), norm, n_clipped, counts, aux
+    return (gsum, jnp.sum(jnp.where(keep, loss, 0.0)), jnp.where(keep, norm, 0.0), n_clipped,
+            counts, aux)
 
-  def _plain_one(self, groups: list, clips: list) -> Callable[..., Any]:
-    """One example's clipped gradient from its plain sums (factor 0 where they are not finite).
+  def _clip_one(self, groups: list, clips: list, zero_entries: bool) -> Callable[..., Any]:
+    """One example's clipped gradient ``(g p) f`` from its plain and scaled sums (module docstring).
 
-    Returns ``(clipped, loss, norm, scaled per group (G,), plain, aux)``. A
-    gradient holding an inf or NaN gives NaN here (``inf * 0``); the caller finds it
-    in the batch sum and recomputes every kept example (module docstring). The mask
-    is applied by a ``where`` on the mask alone and the finiteness through the
-    scalar factor: a ``where`` on a predicate computed from the norm costs XLA:CPU
-    about 15% of the step.
+    Returns ``(clipped, loss, norm, scaled per group (G,), aux)``. A masked or
+    non-finite example gets factor 0; a non-finite one counts as scaled in
+    every group and has norm ``inf``. ``(g p) f`` is finite exactly when ``g``
+    is (``|g p f| <= |g|`` up to the clip), so with ``zero_entries`` a
+    ``where`` on each entry's own value maps the NaN of ``inf * 0`` to 0 and a
+    non-finite example contributes exactly zero; without it the caller must
+    redo a non-finite sum.
     """
     def one(params, m, *args):
       loss, aux, grads = self._value_and_grad_one(params, *args)
       leaves, treedef = jax.tree.flatten(grads)
-      sums = cf.group_sum_squares(leaves, groups)
-      plain = jnp.all(jnp.isfinite(sums))
-      keep = m > 0
-      out: list = [None] * len(leaves)
-      scaled = []
+      sums, lows, ks = cf.group_sum_squares(leaves, groups)
+      factors, scaled, finite = [], [], jnp.array(True)
       for k, (idx, c) in enumerate(zip(groups, clips)):
-        f, sc = cf.factor_from_sum(sums[k], [leaves[i] for i in idx], c, self.uinv)
-        f = jnp.where(plain, f, 0.0)
-        for i in idx:
-          out[i] = jnp.where(keep, leaves[i] * f.astype(leaves[i].dtype),
-                             jnp.zeros_like(leaves[i]))
+        pre, f, sc, fin = cf.factor_from_sums(sums[k], lows[k], ks[k], [leaves[i] for i in idx],
+                                              c, self.uinv)
+        factors.append((pre, f))
         scaled.append(jnp.logical_and(sc, bool(idx)))
-      per_group = jnp.stack(scaled) if scaled else jnp.zeros((0,), bool)
-      return (jax.tree.unflatten(treedef, out), loss, jnp.sqrt(jnp.sum(sums)), per_group, plain,
-              aux)
+        finite = jnp.logical_and(finite, fin)
+      use = jnp.logical_and(m > 0, finite)
+      out: list = [None] * len(leaves)
+      for idx, (pre, f) in zip(groups, factors):
+        f = jnp.where(use, f, 0.0)
+        for i in idx:
+          dt = leaves[i].dtype
+          v = (leaves[i] * pre.astype(dt)) * f.astype(dt)
+          out[i] = jnp.where(jnp.abs(v) < jnp.inf, v, jnp.zeros_like(v)) if zero_entries else v
+      per_group = (jnp.logical_or(jnp.stack(scaled), jnp.logical_not(finite)) if scaled
+                   else jnp.zeros((0,), bool))
+      return (jax.tree.unflatten(treedef, out), loss, cf.norm_from_sums(sums, lows, ks, finite),
+              per_group, aux)
     return one
-
-  def _with_rare(self, params, args, gsum, norm, per_group, subset, redo_all):
-    """Adds the robust contributions of the ``subset`` examples (``jax.lax.cond``).
-
-    The examples in ``subset`` (kept, plain sums not finite) are recomputed and
-    clipped by :func:`clip_factors.clip_groups` (power-of-two scaled; zero for a
-    non-finite gradient), their norms and flags replacing the plain ones; with
-    ``redo_all`` the recomputed sum replaces ``gsum`` instead of adding to it.
-    Nothing is recomputed when ``subset`` is empty.
-    """
-    groups, clips = self._groups(params)
-    shapes = jax.eval_shape(lambda: gsum)
-    in_axes = self._in_axes(args)
-
-    def robust(ops):
-      p, sub, a = ops
-
-      def one(p_, s_, *a_):
-        _, _, grads = self._value_and_grad_one(p_, *a_)
-        leaves, treedef = jax.tree.flatten(grads)
-        out, nrm, _, pg, _ = cf.clip_groups(leaves, groups, clips, self.uinv)
-        out = [jnp.where(s_, v, jnp.zeros_like(v)) for v in out]
-        return jax.tree.unflatten(treedef, out), nrm, jnp.logical_and(s_, pg)
-
-      out, nrm, pg = jax.vmap(one, in_axes=in_axes)(p, sub, *a)
-      return jax.tree.map(lambda g: jnp.sum(g, axis=0), out), nrm, pg.reshape(per_group.shape)
-
-    def nothing(ops):
-      return (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes),
-              jnp.zeros(norm.shape, norm.dtype), jnp.zeros(per_group.shape, bool))
-
-    r_sum, r_norm, r_pg = jax.lax.cond(jnp.any(subset), robust, nothing, (params, subset, args))
-    gsum = jax.tree.map(lambda g, r: jnp.where(redo_all, r, g + r.astype(g.dtype)), gsum, r_sum)
-    norm = jnp.where(subset, r_norm, norm)
-    per_group = jnp.where(subset[:, None], r_pg, per_group)
-    return gsum, norm, per_group
 
   def reweight(self, params, mask, args):
     """Vmapped norms, then ONE batched backward pass of the reweighted loss (flat clipping).
 
-    ``sum_n C_n g_n = grad_theta sum_n stop_grad(C_n) loss_n(theta)``. The
-    examples whose plain sum of squares is not finite get factor 0 there and are
-    recomputed by the vmap method; when the batched sum is not finite (``0 * inf``
-    in a zero-weighted example's backward pass) every kept example is
-    (module docstring).
+    ``sum_n C_n g_n = grad_theta sum_n stop_grad(C_n) loss_n(theta)``, the
+    factors from the plain and scaled sums (a non-finite example gets factor 0).
+    When the batched sum is not finite (``0 * inf`` in a zero-weighted
+    example's backward pass) the chunk is recomputed by the vmap method inside
+    a ``jax.lax.cond`` (module docstring).
     """
     in_axes = self._in_axes(args)
     keep = mask > 0
@@ -178,14 +180,17 @@ class ChunkClipper:
     def factor_one(p, *a):
       loss, aux, grads = self._value_and_grad_one(p, *a)
       leaves = jax.tree.leaves(grads)
-      s = cf.group_sum_squares(leaves, [list(range(len(leaves)))])[0]
-      f, sc = cf.factor_from_sum(s, leaves, self.clip_spec, self.uinv)
-      return f, sc, s, loss, aux
+      sums, lows, ks = cf.group_sum_squares(leaves, [list(range(len(leaves)))])
+      pre, f, sc, fin = cf.factor_from_sums(sums[0], lows[0], ks[0], leaves, self.clip_spec,
+                                            self.uinv)
+      # The factor pre * f is subnormal (flushed) only for ||g|| > c' 2^126: redone by vmap.
+      whole = pre * f
+      lost = jnp.logical_and(fin, jnp.logical_and(f > 0, whole < jnp.finfo(jnp.float32).tiny))
+      return whole, sc, fin, lost, cf.norm_from_sums(sums, lows, ks, fin), loss, aux
 
-    f, sc, s, loss, aux = jax.vmap(lambda p, m, *a: factor_one(p, *a), in_axes=in_axes)(
-        params, mask, *args)
-    plain = jnp.isfinite(s)
-    factor = jax.lax.stop_gradient(jnp.where(jnp.logical_and(keep, plain), f, 0.0))
+    f, sc, finite, lost, norm, loss, aux = jax.vmap(lambda p, m, *a: factor_one(p, *a),
+                                                    in_axes=in_axes)(params, mask, *args)
+    factor = jax.lax.stop_gradient(jnp.where(jnp.logical_and(keep, finite), f, 0.0))
 
     def loss_only(p, *a):
       out = self.loss_fn(p, *a)
@@ -196,13 +201,24 @@ class ChunkClipper:
       return jnp.sum(jnp.where(keep, factor * losses, 0.0))
 
     gsum = jax.grad(weighted_total)(params)
-    bad = _not_finite(gsum)
-    subset = jnp.where(bad, keep, jnp.logical_and(keep, jnp.logical_not(plain)))
-    gsum, norm, per_group = self._with_rare(
-        params, args, gsum, jnp.where(keep, jnp.sqrt(s), 0.0),
-        jnp.logical_and(keep, sc)[:, None], subset, bad)
-    n_clipped = jnp.sum(per_group[:, 0].astype(jnp.int32))
-    return gsum, jnp.sum(jnp.where(keep, loss, 0.0)), norm, n_clipped, None, aux
+    norm = jnp.where(keep, norm, 0.0)
+    n_clipped = jnp.sum(jnp.logical_and(keep, jnp.logical_or(sc, jnp.logical_not(finite)))
+                        .astype(jnp.int32))
+    bad = jnp.logical_or(_not_finite(gsum), jnp.any(jnp.logical_and(keep, lost)))
+    shapes = jax.eval_shape(lambda: (gsum, norm, n_clipped))
+
+    def redo(ops):  # the vmap method: a non-finite example's contribution is a where's zero
+      out = self._vmap_sum(*ops, True)
+      return out[0], out[2], out[3]
+
+    def nothing(ops):
+      return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+    # Only small operands (params, the mask, the batch) enter the cond (module docstring).
+    r_sum, r_norm, r_n = jax.lax.cond(bad, redo, nothing, (params, mask, args))
+    gsum = jax.tree.map(lambda g, r: jnp.where(bad, r.astype(g.dtype), g), gsum, r_sum)
+    return (gsum, jnp.sum(jnp.where(keep, loss, 0.0)), jnp.where(bad, r_norm, norm),
+            jnp.where(bad, r_n, n_clipped), None, aux)
 
 
 def _not_finite(tree: PyTree) -> jax.Array:

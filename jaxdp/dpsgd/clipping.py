@@ -41,23 +41,19 @@ factor covers the rounding of ``c'/||g||_hat`` and of the product), so the
 exact norm of every float32 clipped vector is ``<= c``. ``c' / c - 1`` is
 about ``-1e-5`` for a million parameters: a negligible change of the clip norm.
 
-Huge and non-finite gradients. The squared norm is first computed plainly,
+Huge and non-finite gradients. The squared norm is computed plainly,
 ``fl(sum g_i^2)``; a square or partial sum that falls below the smallest normal
 float32 may be flushed to zero, so the clip uses ``fl(S) + n 2^-125`` (``n``
 terms), which after one more rounding (``E = 2 + L (B - 1) + (K - 1)``) bounds
 ``||g||^2 (1 - r)^E`` from above. That is valid whenever ``fl(S)`` is finite.
-When it is not -- a square overflowed (entries of 1e20 and more in float32) or
-an entry is inf or NaN -- the example contributes nothing from the plain pass,
-and a ``jax.lax.cond`` recomputes that example's gradient and clips it with
-its norm computed from the gradient scaled by a power of two (each clip group
-is multiplied by ``2^-e``, ``2^e`` the power of two just above its largest
-entry, ``jnp.frexp``: exact, a change of exponent only), whose squares cannot
-overflow; the clipped vector is ``u min(2^e, c'/sqrt(S))`` with ``u = 2^-e g``
-(:func:`clip_groups`), so a finite gradient of any size (entries of 1e30 in
-float32) is clipped correctly to norm ``<= c``. The recomputation runs only
-for a chunk that holds such an example, so the common case costs what the
-plain computation costs (:mod:`jaxdp.dpsgd.clip_factors`,
-:mod:`jaxdp.dpsgd.clip_chunks`).
+The same reduction sums the squares of ``2^-k g`` (``k`` about 64 plus half
+the bits of ``n``: ``2^-k`` is exact, a change of exponent only), which cannot
+overflow for any finite float32 ``g``; where ``fl(S)`` overflowed (entries of
+1e20 and more in float32) the same bound holds for ``2^-k g``, and the clipped
+vector is ``(2^-k g) min(2^k, c'/sqrt(S_k))``, so a finite gradient of any
+size (entries of 1e30 in float32, a norm above the largest float32) is clipped
+correctly to norm ``<= c``, with no second pass and no ``jax.lax.cond``
+(:mod:`jaxdp.dpsgd.clip_factors`, :mod:`jaxdp.dpsgd.clip_chunks`).
 
 A per-example gradient with an inf or NaN entry (overflow in the loss, an
 inf input) cannot be clipped: ``min(1, c/inf) = 0`` and ``inf * 0 = NaN``, a
@@ -88,8 +84,8 @@ from jaxdp.dpsgd.clip_factors import (  # pylint: disable=unused-import
     _BLOCK, _FLUSH_SLACK, _NO_EXPONENT, _UNIT_ROUNDOFF, _clip_factor,
     _combine_scaled, _compute_dtype, _exponent_range, _global_norm, _pow2, _reduction_levels,
     _safe_clip, _safe_clip_any, _safe_multiplier, _scaled_norm, _sum_squares, _upcast,
-    clip_groups, factor_from_sum, float32_at_most, group_sum_squares, leaf_groups, num_terms,
-    scaled_sum_squares)
+    clip_groups, factor_from_sums, float32_at_most, group_sum_squares, leaf_groups, low_exponent,
+    norm_from_sums, num_terms, scaled_sum_squares)
 from jaxdp.dpsgd.sampling import MaskedBatch
 
 PyTree = Any
@@ -312,9 +308,9 @@ def clipped_grad(
       ordinary batched backward pass of the reweighted loss gives the clipped
       sum. Same result up to float rounding, often several times faster for
       dense layers. One batched backward pass cannot keep a non-finite
-      example (or padding slot) out of the sum (``0 * NaN``), so a chunk that
-      holds one is computed by the vmap method instead (``jax.lax.cond``; the
-      module docstring's zero rule). ``"ghost"`` (flat or
+      example (or padding slot) out of the sum (``0 * NaN``), so a chunk whose
+      sum is not finite is computed by the vmap method instead
+      (``jax.lax.cond``; the module docstring's zero rule). ``"ghost"`` (flat or
       per-layer) computes the per-example norms WITHOUT per-example gradients
       from each supported Flax layer's input and output cotangent (Dense,
       Conv, Embed, GroupNorm/LayerNorm; ghost norms or per-layer

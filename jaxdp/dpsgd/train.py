@@ -561,11 +561,19 @@ def train_dpsgd(
   seconds = time.perf_counter() - t0
   eps = history.record(steps_run, params)
   write_back(params)
+  return _result(private, params, eps, steps_run, history.records, accountant, seconds,
+                 overflow_delta, accountant_method)
+
+
+def _result(private: Any, params: PyTree, eps: float, steps_run: int, records: list,
+            accountant: Any, seconds: float, overflow_delta: float,
+            accountant_method: str) -> DPSGDResult:
+  """The :class:`DPSGDResult` of a finished :func:`train_dpsgd` call."""
   return DPSGDResult(params=params, noise_multiplier=private.noise_multiplier,
                      epsilon=eps, delta=private.delta + overflow_delta,
                      steps=steps_run, sample_rate=private.sample_rate,
                      expected_batch_size=private.expected_batch_size,
                      sensitivity=private.sensitivity, padded_size=private.padded_size,
-                     history=history.records, accountant=accountant, seconds=seconds,
+                     history=records, accountant=accountant, seconds=seconds,
                      overflow_delta=overflow_delta, accountant_method=accountant_method,
                      neighbouring=private.neighbouring)

@@ -10,7 +10,7 @@ import optax
 import pytest
 
 from jaxdp import models
-from jaxdp.dpsgd import clipping, sampling
+from jaxdp.dpsgd import clip_chunks, clipping, sampling
 
 
 def _setup(batch=9, seed=0):
@@ -279,10 +279,15 @@ def _linear_loss(w, x):
   return jnp.sum(w * x)  # gradient = x: the batch rows ARE the per-example gradients
 
 
-@pytest.mark.parametrize("method,micro", [("vmap", None), ("reweight", None), ("vmap", 2)])
-def test_nonfinite_row_contributes_exact_zero_and_huge_row_is_clipped(method, micro):
-  # One batched pass for the finite rows; the inf/NaN rows and the huge one (squares overflow)
-  # go through the rare recomputation: exact zero for the non-finite, norm <= c for the huge.
+@pytest.mark.parametrize("method,micro,form", [
+    ("vmap", None, "auto"), ("reweight", None, "auto"), ("vmap", 2, "auto"),
+    ("vmap", None, "inline"), ("vmap", 2, "inline"), ("reweight", None, "inline")])
+def test_nonfinite_row_contributes_exact_zero_and_huge_row_is_clipped(monkeypatch, method, micro,
+                                                                      form):
+  # Exact zero for the non-finite rows, norm <= c for the huge one (its squares overflow: the
+  # scaled sum gives its norm), in both forms of the vmap method (clip_chunks._VMAP_FORM: "auto"
+  # is XLA:CPU's, which redoes a non-finite sum; "inline" every other platform's).
+  monkeypatch.setattr(clip_chunks, "_VMAP_FORM", form)
   good = jnp.array([[0.3, -0.4, 0.0], [3.0, 4.0, 12.0]], jnp.float32)
   bad = jnp.array([[jnp.inf, 1.0, 0.0], [jnp.nan, 0.5, 0.0]], jnp.float32)
   huge = jnp.array([[1e30, -1e30, 3e38]], jnp.float32)
@@ -300,6 +305,9 @@ def test_nonfinite_row_contributes_exact_zero_and_huge_row_is_clipped(method, mi
   norms = np.asarray(info.per_example_norms)
   assert np.isinf(norms[2:4]).all() and norms[4] > 1e38 and np.isfinite(norms[:2]).all()
   assert int(info.num_clipped) == 4  # row 1 (norm 13), both non-finite rows, the huge row
+  # A finite row whose norm (5.2e38) overflows float32: still clipped to norm <= c.
+  g_over, _ = f(w, jnp.full((1, 3), 3e38, jnp.float32))
+  assert 0.999 < float(np.linalg.norm(np.asarray(g_over, np.float64))) <= 1.0
 
 
 @pytest.mark.parametrize("method", ["vmap", "reweight", "ghost"])

@@ -2,7 +2,7 @@
 
 Its robust (power-of-two-scaled) rule runs for every chunk. It must give the
 clipped sums, norms and clip counts of the vmap clipper (an independent
-implementation: per-example gradients materialised) up to rounding, keep a
+implementation: per-example gradients materialised, in both of its forms) up to rounding, keep a
 non-finite example's contribution at exactly zero and clip a huge finite one
 to the clip norm, flat and per layer, with a fixed and an adaptive (traced
 ``1/D``) clip norm, in one chunk and in microbatches.
@@ -18,7 +18,7 @@ import pytest
 
 from jaxdp import models
 from jaxdp.dpsgd import adaptive_clipping as ac
-from jaxdp.dpsgd import clipping
+from jaxdp.dpsgd import clip_chunks, clipping
 
 _MODEL = models.MLP(hidden_sizes=(8,))
 _X = jax.random.normal(jax.random.key(0), (6, 5))
@@ -53,19 +53,22 @@ _SLOW = pytest.mark.slow
     (False, False, None), pytest.param(True, False, None, marks=_SLOW),
     pytest.param(False, True, None, marks=_SLOW), (True, True, None),
     pytest.param(False, False, 4, marks=_SLOW)])
-def test_ghost_equals_vmap(per_layer, adaptive, micro):
+def test_ghost_equals_vmap(monkeypatch, per_layer, adaptive, micro):
   bad = jnp.concatenate([_X[:4], jnp.array([[jnp.inf, 0, 0, 0, 0], [1e30, -1e30, 0, 0, 0]],
                                            jnp.float32)])
   mask = jnp.array([True, True, False, True, True, True])
-  out = {method: [_run(per_layer, adaptive, x, _Y, mask, micro, method) for x in (_X, bad)]
-         for method in ("vmap", "ghost")}
-  for (g_c, i_c), (g_i, i_i) in zip(out["vmap"], out["ghost"]):
-    for u, v in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_i)):
-      assert bool(jnp.all(jnp.isfinite(v)))
-      np.testing.assert_allclose(np.asarray(v), np.asarray(u), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(np.asarray(i_i.per_example_norms),
-                               np.asarray(i_c.per_example_norms), rtol=1e-5)
-    assert int(i_i.num_clipped) == int(i_c.num_clipped)
+  ghost = [_run(per_layer, adaptive, x, _Y, mask, micro, "ghost") for x in (_X, bad)]
+  # Both forms of the vmap method (clip_chunks._VMAP_FORM): XLA:CPU's and every other platform's.
+  for form in ("auto", "inline"):
+    monkeypatch.setattr(clip_chunks, "_VMAP_FORM", form)
+    vmap = [_run(per_layer, adaptive, x, _Y, mask, micro, "vmap") for x in (_X, bad)]
+    for (g_c, i_c), (g_i, i_i) in zip(vmap, ghost):
+      for u, v in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_i)):
+        assert bool(jnp.all(jnp.isfinite(v))) and bool(jnp.all(jnp.isfinite(u)))
+        np.testing.assert_allclose(np.asarray(v), np.asarray(u), rtol=1e-5, atol=1e-6)
+      np.testing.assert_allclose(np.asarray(i_i.per_example_norms),
+                                 np.asarray(i_c.per_example_norms), rtol=1e-5)
+      assert int(i_i.num_clipped) == int(i_c.num_clipped)
 
 
 @pytest.mark.parametrize("per_layer", [False, True])
