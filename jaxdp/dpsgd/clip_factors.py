@@ -62,6 +62,9 @@ def _sum_squares(x: jax.Array) -> jax.Array:
   return jnp.sum(v)
 
 
+_SIBLING_LIMIT = 65536  # leaves up to this size: two sibling reductions (see _sum_squares_pair)
+
+
 def _add_pairs(p, q):
   return p[0] + q[0], p[1] + q[1]
 
@@ -72,10 +75,15 @@ def _sum_squares_pair(x: jax.Array, scale: float) -> tuple[jax.Array, jax.Array]
   The two sums of :func:`_sum_squares`'s blocking in one ``jax.lax.reduce``
   with two operands: XLA emits one loop that reads ``x`` once (two sibling
   reductions read it twice: on 2 CPU cores the vmapped pair over 256 x 670,000
-  float32 took 1.62 s as siblings and 0.38 s as one variadic reduction).
+  float32 took 1.62 s as siblings and 0.38 s as one variadic reduction). A leaf
+  of at most ``_SIBLING_LIMIT`` entries gets the two plain reductions instead,
+  which XLA:CPU runs faster there (the SmallCNN's vmap and reweight steps about
+  5% faster). The blocking, hence the rounding bound, is the same either way.
   """
   dt = _compute_dtype(x.dtype)
   x = x.astype(dt).reshape(-1)
+  if x.shape[0] <= _SIBLING_LIMIT:
+    return _sum_squares(x), _sum_squares(x * jnp.asarray(scale, dt))
   v = (jnp.square(x), jnp.square(x * jnp.asarray(scale, dt)))
   zero = (jnp.zeros((), dt), jnp.zeros((), dt))
   while v[0].shape[0] > _BLOCK:
