@@ -126,8 +126,9 @@ def adaptive_clipped_grad(
 
   ``sum_i (g_i / C) min(1, C / ||g_i||)``, what
   :func:`~jaxdp.dpsgd.adaptive_noise.adaptive_clip_noise` takes. The clip comes FIRST: the factor on ``g_i`` is ``min(1/C, c'/||g_i||)``
-  computed from the power-of-two-scaled gradient
-  (:func:`jaxdp.dpsgd.clipping.clip_groups`), so ``g_i / C`` is never formed
+  computed from sums of squares that cannot overflow
+  (:func:`jaxdp.dpsgd.clip_factors.factor_from_sums`; the ghost clipper's
+  power-of-two-scaled rule), so ``g_i / C`` is never formed
   for a huge unclipped ``g_i`` (a tiny C and a large gradient cannot overflow);
   a non-finite ``g_i`` contributes zero and counts as clipped (the clipping
   module's rule). Build it inside the jitted step with

@@ -110,11 +110,9 @@ class ChunkClipper:
     """The sum without the per-entry ``where``; a non-finite sum is redone with it (``cond``)."""
     fast = self._vmap_sum(params, mask, args, False)
     bad = _not_finite(fast[0])
-    shapes = jax.eval_shape(lambda: fast[0])
-    redo = jax.lax.cond(bad, lambda ops: self._vmap_sum(*ops, True)[0],
-                        lambda ops: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes),
-                        (params, mask, args))
-    return (jax.tree.map(lambda g, r: jnp.where(bad, r, g), fast[0], redo),) + tuple(fast[1:])
+    gsum = _redone_if(bad, lambda ops: self._vmap_sum(*ops, True)[0], (params, mask, args),
+                      fast[0])
+    return (gsum,) + tuple(fast[1:])
 
   def _vmap_sum(self, params, mask, args, zero_entries: bool):
     groups, clips = self._groups(params)
@@ -205,20 +203,25 @@ class ChunkClipper:
     n_clipped = jnp.sum(jnp.logical_and(keep, jnp.logical_or(sc, jnp.logical_not(finite)))
                         .astype(jnp.int32))
     bad = jnp.logical_or(_not_finite(gsum), jnp.any(jnp.logical_and(keep, lost)))
-    shapes = jax.eval_shape(lambda: (gsum, norm, n_clipped))
 
     def redo(ops):  # the vmap method: a non-finite example's contribution is a where's zero
       out = self._vmap_sum(*ops, True)
       return out[0], out[2], out[3]
 
-    def nothing(ops):
-      return jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    gsum, norm, n_clipped = _redone_if(bad, redo, (params, mask, args), (gsum, norm, n_clipped))
+    return gsum, jnp.sum(jnp.where(keep, loss, 0.0)), norm, n_clipped, None, aux
 
-    # Only small operands (params, the mask, the batch) enter the cond (module docstring).
-    r_sum, r_norm, r_n = jax.lax.cond(bad, redo, nothing, (params, mask, args))
-    gsum = jax.tree.map(lambda g, r: jnp.where(bad, r.astype(g.dtype), g), gsum, r_sum)
-    return (gsum, jnp.sum(jnp.where(keep, loss, 0.0)), jnp.where(bad, r_norm, norm),
-            jnp.where(bad, r_n, n_clipped), None, aux)
+
+def _redone_if(bad: jax.Array, redo: Callable[..., Any], ops: tuple, current: PyTree) -> PyTree:
+  """``redo(ops)`` where ``bad``, else ``current``; ``redo`` runs in a ``jax.lax.cond`` only then.
+
+  Only ``ops`` (params, the mask, the batch: small) enter the ``cond``, not
+  ``current`` (module docstring).
+  """
+  shapes = jax.eval_shape(lambda: current)
+  redone = jax.lax.cond(bad, redo,
+                        lambda _: jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes), ops)
+  return jax.tree.map(lambda c, r: jnp.where(bad, r.astype(c.dtype), c), current, redone)
 
 
 def _not_finite(tree: PyTree) -> jax.Array:

@@ -222,7 +222,7 @@ def _scaled_norm(e: jax.Array, s: jax.Array) -> jax.Array:
 
 def clip_groups(leaves: Sequence[jax.Array], groups: Sequence[Sequence[int]], clips: Sequence[Any],
                 unit_inverse: Any = None) -> tuple[list, jax.Array, jax.Array, jax.Array, jax.Array]:
-  """Clips ONE example's gradient group-wise; the core of ``method="vmap"``.
+  """Clips ONE example's gradient group-wise; the core of user-level clipping.
 
   ``leaves`` (at least float32) are split into ``groups`` (lists of leaf
   indices); group k is clipped to ``clips[k]`` (a Python float, ``inf`` for no
@@ -388,12 +388,13 @@ def factor_from_sums(s: jax.Array, s_low: jax.Array, k: int, leaves: Sequence[An
   c = _safe_clip_any(clip, leaves)
   slack = jnp.float32(num_terms(leaves) * _FLUSH_SLACK)
   plain = jnp.isfinite(s)
-  up = jnp.float32(2.0 ** k)
+  dt = jnp.result_type(jnp.float32, s_low)  # k of a float64 group is ~530: 2^-k is 0 in float32
+  up = jnp.asarray(2.0 ** k, dt)
   ratio = c / jnp.sqrt(jnp.where(plain, s, s_low) + slack)
   limit = jnp.where(plain, cap, cap * up)
   f = jnp.minimum(limit, ratio)
-  f = jnp.where(f < jnp.finfo(jnp.float32).tiny, 0.0, f)
-  pre = jnp.where(plain, one, jnp.float32(2.0 ** -k))
+  f = jnp.where(f < jnp.finfo(dt).tiny, 0.0, f)
+  pre = jnp.where(plain, one, jnp.asarray(2.0 ** -k, dt))
   return pre, f, ratio < limit, jnp.logical_or(plain, jnp.isfinite(s_low))
 
 

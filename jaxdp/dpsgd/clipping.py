@@ -84,8 +84,8 @@ from jaxdp.dpsgd.clip_factors import (  # pylint: disable=unused-import
     _BLOCK, _FLUSH_SLACK, _NO_EXPONENT, _UNIT_ROUNDOFF, _clip_factor,
     _combine_scaled, _compute_dtype, _exponent_range, _global_norm, _pow2, _reduction_levels,
     _safe_clip, _safe_clip_any, _safe_multiplier, _scaled_norm, _sum_squares, _upcast,
-    clip_groups, factor_from_sums, float32_at_most, group_sum_squares, leaf_groups, low_exponent,
-    norm_from_sums, num_terms, scaled_sum_squares)
+    clip_groups, factor_from_sums, float32_at_most, group_sum_squares, leaf_groups, num_terms,
+    scaled_sum_squares)
 from jaxdp.dpsgd.sampling import MaskedBatch
 
 PyTree = Any

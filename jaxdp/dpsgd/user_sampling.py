@@ -14,8 +14,8 @@ with ``g_u`` the gradient of user u's REDUCED loss (``reduction="mean"``, the
 default: the mean of the per-example losses of u's examples, so
 ``g_u = (1 / n_u) sum_{i in u} grad l_i``; ``"sum"``: their sum) and
 ``clip_C(g) = g min(1, C / ||g||)`` (float32-safe and overflow-safe:
-:func:`jaxdp.dpsgd.clipping.clip_groups`, the core of
-:func:`~jaxdp.dpsgd.clipped_grad`). A user whose ``g_u`` is not finite
+:func:`jaxdp.dpsgd.clipping.clip_groups`, with the clip-norm rounding
+of :func:`~jaxdp.dpsgd.clipped_grad`). A user whose ``g_u`` is not finite
 contributes exactly zero. Whatever a user's number of examples, its
 contribution ``f(u)`` is a function of its own examples only (and of the
 public parameters) with ``||f(u)|| <= C``. Adding or removing one user

@@ -310,6 +310,21 @@ def test_nonfinite_row_contributes_exact_zero_and_huge_row_is_clipped(monkeypatc
   assert 0.999 < float(np.linalg.norm(np.asarray(g_over, np.float64))) <= 1.0
 
 
+@pytest.mark.parametrize("method,form", [("vmap", "auto"), ("vmap", "inline"),
+                                         ("reweight", "auto")])
+def test_float64_row_whose_squares_overflow_float64_is_clipped(monkeypatch, method, form):
+  # With x64, a row of 3e307: its plain sum overflows float64 and the scaled one uses k ~ 514,
+  # so 2^-k and the factor (~1e-153) must be formed in float64, not float32.
+  monkeypatch.setattr(clip_chunks, "_VMAP_FORM", form)
+  with jax.enable_x64(True):
+    f = jax.jit(clipping.clipped_grad(_linear_loss, l2_clip_norm=1.0, method=method))
+    x = jnp.array([[1e300, -1e300, 3e307], [0.3, 0.4, 0.0]], jnp.float64)
+    g, info = f(jnp.zeros(3, jnp.float64), x)
+    huge = np.asarray(g, np.float64) - np.array([0.3, 0.4, 0.0])
+    assert g.dtype == jnp.float64 and int(info.num_clipped) == 1
+    assert 0.999 < float(np.linalg.norm(huge)) <= 1.0
+
+
 @pytest.mark.parametrize("method", ["vmap", "reweight", "ghost"])
 def test_tiny_gradient_with_tiny_clip_norm_keeps_the_bound(method):
   # Entries of 1e-22: their squares (1e-44) are subnormal or flushed to zero, so a plain sum
