@@ -361,6 +361,24 @@ def group_sum_squares(leaves: Sequence[jax.Array],
   return jnp.stack(plain), jnp.stack(low), ks
 
 
+def plain_sum_squares(leaves: Sequence[jax.Array]) -> jax.Array:
+  """``fl(sum g^2)`` of ONE example's leaves, blocked as :func:`_sum_squares` (the same bound).
+
+  The plain sum alone (``method="reweight"``, which redoes an example whose sum
+  overflowed with the vmap method instead of scaling it). A leaf of more than
+  ``_SIBLING_LIMIT`` entries is reduced by the variadic reduction of
+  :func:`_sum_squares_pair`, its scaled output unused: XLA:CPU runs that loop
+  faster than its plain reduction of the same blocks (the MLP's reweight step
+  at batch 256 on 2 cores: 0.83x with it), and the blocking, hence the
+  rounding bound, is the same.
+  """
+  total = jnp.zeros((), jnp.float32)
+  for x in leaves:
+    big = math.prod(jnp.shape(x)) > _SIBLING_LIMIT
+    total = total + (_sum_squares_pair(x, 1.0)[0] if big else _sum_squares(x))
+  return total
+
+
 def factor_from_sums(s: jax.Array, s_low: jax.Array, k: int, leaves: Sequence[Any], clip: Any,
                      cap: Any = None) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """``(p, f, below cap, finite)``: clip ``g`` as ``(g p) f``, from :func:`group_sum_squares`.
