@@ -1,6 +1,7 @@
 """Issue 39: non-finite / huge per-example gradients, adaptive clip-norm floor, checked inner noise,
 per-layer adaptive clipping."""
 
+import functools
 import math
 import warnings
 
@@ -73,13 +74,23 @@ def test_nonfinite_example_contributes_zero_and_huge_one_is_clipped(method, per_
   assert norms[4] > 1e29
 
 
+@functools.lru_cache(maxsize=None)
+def _adaptive(method, per_layer=False):
+  """adaptive_clipped_grad(_loss, c, ...) as ``f(c)(params, x)``, jitted with the clip norm(s) an
+  argument (traced, as inside a training step): one compilation per input shape, shared by every
+  clip norm, instead of one per primitive run op by op."""
+  fn = jax.jit(lambda c, p, x: ac.adaptive_clipped_grad(_loss, c, method=method,
+                                                        per_layer=per_layer)(p, x))
+  return lambda c: functools.partial(fn, c)
+
+
 @pytest.mark.parametrize("method", ["vmap", pytest.param("ghost", marks=pytest.mark.slow),
                                     pytest.param("reweight", marks=pytest.mark.slow)])
 def test_adaptive_clipped_grad_nonfinite_and_tiny_clip_norm(method):
   # Clip before normalising: C = 1e-30 with gradients of 1e3 gives |g / C| = 1e33 if formed
   # first (and 1e30 entries would overflow); clipped first, every normalised vector has norm 1.
   for c in (1e-30, 0.5):
-    f = ac.adaptive_clipped_grad(_loss, jnp.float32(c), method=method)
+    f = _adaptive(method)(jnp.float32(c))
     g_bad, info = f(_PARAMS, jnp.concatenate([_GOOD, _BAD, _HUGE]))
     g_ok, _ = f(_PARAMS, jnp.concatenate([_GOOD, _HUGE]))
     _close(g_bad, g_ok)
@@ -90,7 +101,7 @@ def test_adaptive_clipped_grad_nonfinite_and_tiny_clip_norm(method):
 def test_adaptive_per_layer_nonfinite():
   clips = {"Dense_0": jnp.float32(0.3), "Dense_1": jnp.float32(2.0)}
   for method in ("vmap", "ghost"):
-    f = ac.adaptive_clipped_grad(_loss, clips, method=method, per_layer=True)
+    f = _adaptive(method, per_layer=True)(clips)
     g_bad, info = f(_PARAMS, jnp.concatenate([_GOOD, _BAD, _HUGE]))
     g_ok, _ = f(_PARAMS, jnp.concatenate([_GOOD, _HUGE]))
     _close(g_bad, g_ok)
@@ -105,8 +116,8 @@ def test_per_layer_adaptive_groups_are_clipped_to_their_norms():
   assert float(d) >= math.hypot(1e-3, 1e3)
   assert sum(float(v) ** 2 for v in jax.tree.leaves(nus)) <= 1.0
   x = _GOOD[1:]
-  out, info = ac.adaptive_clipped_grad(_loss, clips, method="vmap", per_layer=True)(_PARAMS, x)
-  raw = jax.grad(_loss)(_PARAMS, x[0])
+  out, info = _adaptive("vmap", per_layer=True)(clips)(_PARAMS, x)
+  raw = jax.jit(jax.grad(_loss))(_PARAMS, x[0])
   n0 = float(optax.global_norm(out["Dense_0"])) * float(d)
   assert n0 <= 1e-3 * (1 + 1e-6) and n0 > 0.999e-3
   _close(jax.tree.map(lambda a: a * d, out["Dense_1"]), raw["Dense_1"])
@@ -157,12 +168,13 @@ def test_clip_norm_floor_over_2000_steps_and_finite_sum_after():
   state, trace = run(tx.init(w))
   assert float(jnp.min(trace)) == pytest.approx(float(np.float32(1e-6)))
   assert float(trace[-1]) == float(np.float32(1e-6))
-  # A record with gradient norm 1e3 at C = 1e-6: clipped to C, normalised norm <= 1.
+  # A record with gradient norm 1e3 at C = 1e-6: clipped to C, normalised norm <= 1. (Jitted,
+  # the clip norm traced as in a training step: one compilation instead of one per primitive.)
   loss = lambda w, x: jnp.dot(w, x)
-  g, _ = ac.adaptive_clipped_grad(loss, ac.current_clip_norm(state), method="vmap")(
-      w, jnp.array([[1e3, 0.0, 0.0]]))
+  g, _ = jax.jit(lambda c, w, x: ac.adaptive_clipped_grad(loss, c, method="vmap")(w, x))(
+      ac.current_clip_norm(state), w, jnp.array([[1e3, 0.0, 0.0]]))
   assert bool(jnp.all(jnp.isfinite(g))) and 0.999 < float(jnp.linalg.norm(g)) <= 1.0
-  updates, _ = tx.update((g, count), state, w)
+  updates, _ = jax.jit(tx.update)((g, count), state, w)
   assert bool(jnp.all(jnp.isfinite(updates)))
 
 

@@ -10,7 +10,9 @@ from jaxdp.accounting import PrivacyAccountant
 from jaxdp.dpsgd import device_sampling as ds
 from jaxdp.dpsgd import make_private, sampling
 
-N, D, K = 203, 5, 3
+import _linear_problem as lp
+
+N, D, K = lp.N, lp.D, lp.K  # the plans' programs are shared with other files (_linear_problem)
 
 
 def _data():
@@ -20,14 +22,9 @@ def _data():
   return x, y
 
 
-def _loss(w, xi, yi):
-  return -jax.nn.log_softmax(xi @ w)[yi]
-
-
 def _plan(steps=4, physical_batch_size=None, **kw):
-  return make_private(_loss, l2_clip_norm=1.0, num_examples=N, expected_batch_size=20,
-                      noise_multiplier=1.0, delta=1e-5, steps=steps, key=jax.random.key(3),
-                      learning_rate=0.5, physical_batch_size=physical_batch_size, **kw)
+  return make_private(lp.loss, steps=steps, key=jax.random.key(3),
+                      physical_batch_size=physical_batch_size, **lp.PLAN, **kw)
 
 
 @pytest.mark.parametrize("n,q", [(1, 0.5), (203, 0.1), (1000, 0.013), (64, 1.0)])

@@ -1,5 +1,6 @@
 """Tests of per-example clipping (paper 000 Section 3.1 Equation 4, the clipped sum)."""
 
+import functools
 import math
 
 import chex
@@ -13,22 +14,35 @@ from jaxdp import models
 from jaxdp.dpsgd import clip_chunks, clipping, sampling
 
 
-def _setup(batch=9, seed=0):
+@functools.lru_cache(maxsize=None)
+def _model_and_loss():
+  # Cached: one model and loss function for every test (the jitted gradient of the loss, and
+  # the clipped gradients of identical configurations, are then traced once per worker).
   model = models.MLP(hidden_sizes=(8,), num_classes=3)
-  x = jax.random.normal(jax.random.key(seed), (batch, 5))
-  y = jax.random.randint(jax.random.key(seed + 1), (batch,), 0, 3)
-  params = model.init(jax.random.key(seed + 2), x[:1])["params"]
 
   def loss(p, xi, yi):
     logits = model.apply({"params": p}, xi[None])[0]
     return optax.softmax_cross_entropy_with_integer_labels(logits, yi)
 
+  return model, loss
+
+
+def _setup(batch=9, seed=0):
+  model, loss = _model_and_loss()
+  x = jax.random.normal(jax.random.key(seed), (batch, 5))
+  y = jax.random.randint(jax.random.key(seed + 1), (batch,), 0, 3)
+  params = model.init(jax.random.key(seed + 2), x[:1])["params"]
   return loss, params, x, y
+
+
+@functools.lru_cache(maxsize=None)
+def _jit_grad(loss):
+  return jax.jit(jax.grad(loss))
 
 
 def _loop_clipped_sum(loss, params, x, y, clip, mask=None):
   total = jax.tree.map(jnp.zeros_like, params)
-  grad = jax.jit(jax.grad(loss))  # compiled once; the loop itself is plain Python.
+  grad = _jit_grad(loss)  # compiled once; the loop itself is plain Python.
   # jaxdp clips to the float32-safe c' (c shrunk by ~1e-5 relative so that rounding
   # never leaves a clipped norm above c; see the clipping module docstring). The
   # reference uses the same c' so the comparison stays tight.
@@ -49,7 +63,7 @@ class ClippedGradTest(chex.TestCase):
   def test_matches_python_loop(self):
     loss, params, x, y = _setup()
     # Median per-example norm, so some gradients are clipped and some are not.
-    grad = jax.jit(jax.grad(loss))
+    grad = _jit_grad(loss)
     norms = [math.sqrt(sum(float(jnp.sum(v ** 2)) for v in jax.tree.leaves(
         grad(params, x[n], y[n])))) for n in range(x.shape[0])]
     srt = np.sort(norms)
@@ -84,8 +98,10 @@ class ClippedGradTest(chex.TestCase):
 
   @chex.variants(with_jit=True)
   def test_reweight_method_matches_loop(self):
-    loss, params, x, y = _setup(batch=10)
-    mask = jnp.arange(10) % 3 != 0
+    # Batch 11, clip 0.3: the reference (the default method, with a mask) is the program of
+    # test_mask_and_microbatch's full batch.
+    loss, params, x, y = _setup(batch=11)
+    mask = jnp.arange(11) % 3 != 0
     clip = 0.3
     fn = clipping.clipped_grad(loss, l2_clip_norm=clip, batch_argnums=(1, 2), method="reweight",
                                microbatch_size=4)
@@ -140,7 +156,7 @@ class ClippedGradTest(chex.TestCase):
     # One example: each group of the clipped gradient has norm <= its c_k, and a
     # group whose raw norm is below c_k is unchanged.
     g, _ = jax.jit(fn)(params, x[:1], y[:1])
-    raw = jax.jit(jax.grad(loss))(params, x[0], y[0])
+    raw = _jit_grad(loss)(params, x[0], y[0])
     for name, c in clip_tree.items():
       n_clip = float(optax.global_norm(g[name]))
       n_raw = float(optax.global_norm(raw[name]))

@@ -10,6 +10,8 @@ to the clip norm, flat and per layer, with a fixed and an adaptive (traced
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,7 +35,11 @@ def _loss(p, xi, yi):
           + jnp.sum(p["Dense_0"]["kernel"].T @ xi))
 
 
-def _run(per_layer, adaptive, x, y, mask=None, micro=None, method="ghost"):
+@functools.lru_cache(maxsize=None)
+def _jitted(per_layer, adaptive, micro, method, vmap_form):
+  # Cached per clipper (and form of the vmap method, read when the clipper is traced): the
+  # calls of a test on inputs of one shape (clean and extreme values) share one compilation.
+  del vmap_form  # a part of the cache key only
   if adaptive:
     clip = (jnp.float32(0.7) if not per_layer
             else {"Dense_0": jnp.float32(0.5), "Dense_1": jnp.float32(0.4)})
@@ -42,7 +48,11 @@ def _run(per_layer, adaptive, x, y, mask=None, micro=None, method="ghost"):
   else:
     f = clipping.clipped_grad(_loss, l2_clip_norm=0.7, method=method, per_layer=per_layer,
                               batch_argnums=(1, 2), microbatch_size=micro)
-  return jax.jit(lambda p, xx, yy, m: f(p, xx, yy, mask=m))(_PARAMS, x, y, mask)
+  return jax.jit(lambda p, xx, yy, m: f(p, xx, yy, mask=m))
+
+
+def _run(per_layer, adaptive, x, y, mask=None, micro=None, method="ghost"):
+  return _jitted(per_layer, adaptive, micro, method, clip_chunks._VMAP_FORM)(_PARAMS, x, y, mask)
 
 
 # Always on: flat fixed and per-layer adaptive (the two ends); the rest under `slow`.

@@ -242,8 +242,9 @@ def test_clipped_grad_default_batch_argnums_names_the_fix():
   with pytest.raises(ValueError, match=re.escape("batch_argnums=(1, 2)")) as excinfo:
     f(W, X[:16], Y[:16])
   _from_jaxdp(excinfo)
-  g, info = clipped_grad(_xy_loss, l2_clip_norm=1.0, batch_argnums=(1, 2), method="vmap")(
-      W, X[:16], Y[:16])
+  # Jitted: one compilation instead of one per primitive run op by op.
+  g, info = jax.jit(clipped_grad(_xy_loss, l2_clip_norm=1.0, batch_argnums=(1, 2),
+                                 method="vmap"))(W, X[:16], Y[:16])
   assert float(info.num_examples) == 16 and g.shape == W.shape
 
 
@@ -274,7 +275,8 @@ def test_padded_chunk_cannot_be_used_without_its_mask():
   x = np.tile(X, (2, 1))
   y = np.tile(Y, 2)
   f = clipped_grad(_xy_loss, l2_clip_norm=1.0, batch_argnums=(1, 2), method="vmap")
-  _, info = f(W, chunk.gather(x, y))  # the mask travels with the batch: 16 examples, not 49
+  # The mask travels with the batch (also through jit): 16 examples, not 49.
+  _, info = jax.jit(f)(W, chunk.gather(x, y))
   assert float(info.num_examples) == 16
   np.testing.assert_array_equal(chunk.indices, np.arange(16))
   slots, mask = chunk.slots_and_mask()

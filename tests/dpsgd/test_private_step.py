@@ -1,6 +1,7 @@
 """Tests of make_private: same run as train_dpsgd, exact ledger, spend-before-release, refusals."""
 
 import doctest
+import functools
 import math
 
 import flax.linen as nn
@@ -34,7 +35,10 @@ def _toy(n=200, d=5, c=3, seed=0):
   return x, y
 
 
+@functools.lru_cache(maxsize=None)
 def _linen_setup():
+  # Cached: one model, loss and data for every test (a plan's programs are traced for the same
+  # loss function; the arrays are never modified).
   x, y = _toy()
   model = _Net()
   params = model.init(jax.random.key(9), x[:1])["params"]
@@ -56,18 +60,38 @@ def _max_abs_diff(a, b):
   return max(float(jnp.max(jnp.abs(u - v))) for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
+# P = 8 < q N = 20: nearly every Poisson batch is split into several chunks.
+_OVERFLOW = dict(l2_clip_norm=1.0, delta=1e-5, expected_batch_size=20, noise_multiplier=1.1,
+                 epochs=0.4, clipping_method="vmap")
+
+
+def _overflow_plan(physical_batch_size=None):
+  _, _, loss, _, y = _linen_setup()
+  return make_private(loss, num_examples=len(y), key=jax.random.key(1), optimizer=optax.adam(0.05),
+                      physical_batch_size=physical_batch_size, **_OVERFLOW)
+
+
+@functools.lru_cache(maxsize=None)
+def _overflow_run():
+  """make_private's run in chunks of P = 8: (plan, params, state, step infos).
+
+  Cached (the arrays are immutable): two tests check this one run, against train_dpsgd and
+  against the run of the same plan in one big chunk, so its programs (one per number of chunks
+  in a batch) are compiled once.
+  """
+  _, params, _, x, y = _linen_setup()
+  private = _overflow_plan(physical_batch_size=8)
+  out, state, _, infos = _run(private, params, x, y, PrivacyAccountant())
+  return private, out, state, infos
+
+
 def test_same_key_same_run_as_train_dpsgd_with_overflow_chunks():
-  # P = 8 < q N = 20: nearly every Poisson batch is split into several chunks.
   model, params, loss, x, y = _linen_setup()
-  key = jax.random.key(1)
-  kwargs = dict(l2_clip_norm=1.0, delta=1e-5, expected_batch_size=20, noise_multiplier=1.1,
-                epochs=0.4, physical_batch_size=8, clipping_method="vmap")
-  ref = dpsgd.train_dpsgd(model, x, y, key=key, params=params, accountant=None,
-                          optimizer=optax.adam(0.05), **kwargs)
-  private = make_private(loss, num_examples=len(y), key=key, optimizer=optax.adam(0.05), **kwargs)
+  ref = dpsgd.train_dpsgd(model, x, y, key=jax.random.key(1), params=params, accountant=None,
+                          optimizer=optax.adam(0.05), physical_batch_size=8, **_OVERFLOW)
+  private, out, state, infos = _overflow_run()
   assert (private.steps, private.padded_size, private.expected_batch_size) == (
       ref.steps, ref.padded_size, ref.expected_batch_size)
-  out, state, sampler, infos = _run(private, params, x, y, PrivacyAccountant())
   assert max(int(i.nonprivate_num_examples) for i in infos) > private.padded_size  # overflow exercised
   assert int(state.step) == ref.steps
   assert _max_abs_diff(out, ref.params) <= 1e-6
@@ -108,8 +132,9 @@ def test_prepaid_epoch_is_one_ledger_entry_and_sampling_consumes_it():
 
 def test_budget_exceeded_raises_before_any_batch_or_update():
   _, params, loss, x, y = _linen_setup()
+  # sigma = 1: the plan (and its compiled step) of the tests below.
   private = make_private(loss, l2_clip_norm=1.0, num_examples=len(y), key=jax.random.key(4),
-                         expected_batch_size=20, noise_multiplier=0.8, delta=1e-5, steps=50)
+                         expected_batch_size=20, noise_multiplier=1.0, delta=1e-5, steps=50)
   eps3 = private.epsilon(3)
   eps4 = private.epsilon(4)
   budget = PrivacyBudget(epsilon=0.5 * (eps3 + eps4), delta=1e-5, method="rdp")
@@ -187,13 +212,12 @@ def test_raw_foreign_reused_and_stale_batches_are_refused():
 
 
 def test_overflow_chunks_accumulate_to_the_same_update_as_one_big_chunk():
-  _, params, loss, x, y = _linen_setup()
-  kw = dict(l2_clip_norm=0.5, num_examples=len(y), expected_batch_size=30, noise_multiplier=1.0,
-            delta=1e-5, steps=4, key=jax.random.key(8), clipping_method="vmap")
-  small = make_private(loss, physical_batch_size=7, **kw)
-  big = make_private(loss, **kw)
-  assert big.padded_size > 30 > small.padded_size
-  p_small, _, _, infos = _run(small, params, x, y, PrivacyAccountant())
+  # The plan of the test above (its run in chunks of P = 8 is shared) against the same plan
+  # with one padded chunk per batch.
+  _, params, _, x, y = _linen_setup()
+  small, p_small, _, infos = _overflow_run()
+  big = _overflow_plan()
+  assert big.padded_size > 20 > small.padded_size
   p_big, _, _, infos_big = _run(big, params, x, y, PrivacyAccountant())
   assert ([int(i.nonprivate_num_examples) for i in infos]
           == [int(i.nonprivate_num_examples) for i in infos_big])

@@ -10,7 +10,9 @@ import pytest
 from jaxdp.accounting import PrivacyAccountant
 from jaxdp.dpsgd import make_private
 
-N, D, K, T = 211, 4, 3, 8
+import _linear_problem as lp
+
+N, D, K, T = lp.N, lp.D, lp.K, 8  # the plans' programs are shared with other files (_linear_problem)
 
 
 def _data():
@@ -18,15 +20,10 @@ def _data():
   return rng.normal(size=(N, D)).astype(np.float32), rng.integers(0, K, N).astype(np.int32)
 
 
-def _loss(w, xi, yi):
-  return -jax.nn.log_softmax(xi @ w)[yi]
-
-
 def _plan(directory, noise_multiplier=1.0, **clip_options):
-  return make_private(_loss, l2_clip_norm=1.0, num_examples=N, expected_batch_size=25,
-                      noise_multiplier=noise_multiplier, delta=1e-5, steps=T,
-                      key=jax.random.key(9), learning_rate=0.5, checkpoint_dir=directory,
-                      checkpoint_every=3, **clip_options)
+  return make_private(lp.loss, steps=T, key=jax.random.key(9), checkpoint_dir=directory,
+                      checkpoint_every=3, **{**lp.PLAN, "noise_multiplier": noise_multiplier},
+                      **clip_options)
 
 
 def _train(directory, stop=None, step=None):
@@ -89,13 +86,9 @@ def test_another_clipping_rule_with_the_same_sensitivity_is_refused(tmp_path, cl
 
 def test_checkpoint_arguments_are_checked():
   with pytest.raises(ValueError, match="checkpoint_every needs checkpoint_dir"):
-    make_private(_loss, l2_clip_norm=1.0, num_examples=N, expected_batch_size=25,
-                 noise_multiplier=1.0, delta=1e-5, steps=T, key=jax.random.key(0),
-                 checkpoint_every=2)
+    make_private(lp.loss, steps=T, key=jax.random.key(0), checkpoint_every=2, **lp.PLAN)
   with pytest.raises(ValueError, match="restore"):
-    make_private(_loss, l2_clip_norm=1.0, num_examples=N, expected_batch_size=25,
-                 noise_multiplier=1.0, delta=1e-5, steps=T,
-                 key=jax.random.key(0)).restore(jnp.zeros((D, K)))
+    make_private(lp.loss, steps=T, key=jax.random.key(0), **lp.PLAN).restore(jnp.zeros((D, K)))
 
 
 def test_start_step_with_a_checkpoint_dir_is_refused(tmp_path):

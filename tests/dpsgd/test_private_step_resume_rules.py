@@ -12,7 +12,9 @@ from jaxdp.accounting import PrivacyAccountant, PrivacyBudget
 from jaxdp.dpsgd import make_per_example_loss, make_private
 from jaxdp.dpsgd.correlated import BandMF
 
-N, D, K, T = 120, 4, 3, 6
+import _linear_problem as lp
+
+N, D, K, T = lp.N, lp.D, lp.K, 6  # the plans' programs are shared with other files (_linear_problem)
 
 
 def _data(order=None):
@@ -21,15 +23,10 @@ def _data(order=None):
   return (x, y) if order is None else (x[order], y[order])
 
 
-def _loss(w, xi, yi):
-  return -jax.nn.log_softmax(xi @ w)[yi]
-
-
 def _plan(**kw):
-  args = dict(l2_clip_norm=1.0, num_examples=N, expected_batch_size=20, noise_multiplier=1.0,
-              delta=1e-5, steps=T, key=jax.random.key(4), learning_rate=0.5)
+  args = dict(lp.PLAN, steps=T, key=jax.random.key(4))
   args.update(kw)
-  return make_private(_loss, **args)
+  return make_private(lp.loss, **args)
 
 
 def _steps_in(ledger_owner):

@@ -22,7 +22,9 @@ import pytest
 from jaxdp.accounting import PrivacyAccountant
 from jaxdp.dpsgd import make_private
 
-N, D, K, T = 60, 3, 2, 5
+import _linear_problem as lp
+
+N, D, K, T = lp.N, lp.D, lp.K, 5  # the plans' programs are shared with other files (_linear_problem)
 
 
 def _data():
@@ -30,14 +32,9 @@ def _data():
   return rng.normal(size=(N, D)).astype(np.float32), rng.integers(0, K, N).astype(np.int32)
 
 
-def _loss(w, xi, yi):
-  return -jax.nn.log_softmax(xi @ w)[yi]
-
-
 def _plan(directory, every):
-  return make_private(_loss, l2_clip_norm=1.0, num_examples=N, expected_batch_size=10,
-                      noise_multiplier=1.0, delta=1e-5, steps=T, key=jax.random.key(21),
-                      learning_rate=0.5, checkpoint_dir=directory, checkpoint_every=every)
+  return make_private(lp.loss, steps=T, key=jax.random.key(21), checkpoint_dir=directory,
+                      checkpoint_every=every, **lp.PLAN)
 
 
 def _run(directory, every, stop=None, data=True):

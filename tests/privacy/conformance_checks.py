@@ -121,6 +121,60 @@ def keys_for(check: str, num: int, offset: int = 0) -> jax.Array:
   return jax.random.split(base, num)
 
 
+# Key data on the host. Every key is jax's own (``split`` and ``fold_in`` above and in
+# bulk_keys); they are kept as numpy key data and wrapped where a release needs them,
+# because indexing, concatenating, broadcasting or folding a device key array compiles a
+# program per NUMBER of keys (about 0.2 s per count on a CPU, and the entries draw many
+# counts), while wrapping compiles once per batch size (one key: once per process).
+_FOLD_CHUNK = 4096  # bulk keys are folded in chunks of this many: one compiled program
+_FOLD = jax.jit(jax.vmap(lambda base, i: jax.random.key_data(jax.random.fold_in(base, i)),
+                         in_axes=(None, 0)))
+_KEY_DATA: dict = {}  # ("shared",) / ("bulk", side, chunk) -> numpy key data
+
+
+def wrap_keys(data: np.ndarray) -> jax.Array:
+  """Typed keys from key data (``(..., 2)`` uint32 for the default threefry keys)."""
+  return jax.random.wrap_key_data(np.ascontiguousarray(data))
+
+
+def shared_key_data() -> np.ndarray:
+  """Key data of ``keys_for("shared", SHARED_KEYS)`` (computed once)."""
+  if ("shared",) not in _KEY_DATA:
+    _KEY_DATA[("shared",)] = np.asarray(jax.random.key_data(keys_for("shared", SHARED_KEYS)))
+  return _KEY_DATA[("shared",)]
+
+
+def bulk_key_data(side: int, start: int, stop: int) -> np.ndarray:
+  """Key data of bulk keys ``start..stop-1`` of ``side``: ``fold_in(bulk base of side, i)``.
+
+  The same values as folding ``jnp.arange(start, stop)`` at once; computed by chunks of
+  ``_FOLD_CHUNK`` indices (one compiled program whatever the count) and kept: every entry
+  draws from the same two streams.
+  """
+  parts = []
+  i = start
+  while i < stop:
+    chunk = i // _FOLD_CHUNK
+    slot = ("bulk", side, chunk)
+    if slot not in _KEY_DATA:
+      base = jax.random.fold_in(jax.random.key(_SEEDS["bulk"]), side)
+      idx = np.arange(chunk * _FOLD_CHUNK, (chunk + 1) * _FOLD_CHUNK, dtype=np.int32)
+      _KEY_DATA[slot] = np.asarray(_FOLD(base, idx))
+    lo = i - chunk * _FOLD_CHUNK
+    hi = min(stop - chunk * _FOLD_CHUNK, _FOLD_CHUNK)
+    parts.append(_KEY_DATA[slot][lo:hi])
+    i = (chunk + 1) * _FOLD_CHUNK
+  if not parts:
+    return shared_key_data()[:0]
+  return np.concatenate(parts)
+
+
+def batch_keys(side: int, size: int) -> jax.Array:
+  """The ``SHARED_KEYS`` shared keys, then bulk keys ``0..size - SHARED_KEYS - 1`` of ``side``."""
+  return wrap_keys(np.concatenate([shared_key_data(),
+                                   bulk_key_data(side, 0, size - SHARED_KEYS)]))
+
+
 def as_vector(entry: reg.ReleasePoint, output: Any) -> np.ndarray:
   """``entry.vector(output)`` as a 1-D float64 array."""
   return np.asarray(entry.vector(output), dtype=np.float64).ravel()
@@ -267,7 +321,8 @@ def run_batch(entry: reg.ReleasePoint, keys: jax.Array, data: Any) -> Batch:
   keys = jax.numpy.asarray(keys)
   batch = _try_vmap(entry, keys, data)
   if batch is None:
-    batch = Batch(items=[entry.release(keys[i], data) for i in range(keys.shape[0])])
+    rows = np.asarray(jax.random.key_data(keys))
+    batch = Batch(items=[entry.release(wrap_keys(row), data) for row in rows])
   return batch
 
 
@@ -346,23 +401,50 @@ class _Cache:
     self.outputs: dict = {}   # (data key, i) -> output (looped)
     self.vectors: dict = {}   # (data key, num) -> (num, d) vectors
     self.bulk: dict = {}      # side -> Batch
+    self.audit: dict = {}     # (trials, id(statistic)) -> (s0, s1) of the cheap audit
 
 
 _CACHES: "collections.OrderedDict[tuple, _Cache]" = collections.OrderedDict()
 
 
-def clear_caches() -> None:
-  """Forgets cached pairs, releases and vmappability (call after monkeypatching the library)."""
-  _CACHES.clear()
-  _NOT_VMAPPABLE.clear()
+# Entries whose cache outlives the two-entry window (see pin).
+PINNED: set = set()
+
+
+def pin(*names: str) -> None:
+  """Keeps the caches of the named entries beyond the two most recent entries.
+
+  For the few entries a later test checks again unpatched (test_power's always-on
+  injection rows, test_selection_power): that check then reads the releases this
+  process computed for test_conformance instead of computing them again. Only releases
+  computed without a patch are ever cached past a test (clear_caches after every patch).
+  """
+  PINNED.update(names)
+
+
+def clear_caches(*names: str) -> None:
+  """Forgets cached pairs, releases and vmappability (call after monkeypatching the library).
+
+  With ``names``, only those entries' (the entries a patched check ran on); the epsilon
+  expectations of the charge check are always forgotten.
+  """
+  if names:
+    for key in [k for k in _CACHES if k[0] in names]:
+      del _CACHES[key]
+    _NOT_VMAPPABLE.difference_update([f for f in _NOT_VMAPPABLE if f[0] in names])
+  else:
+    _CACHES.clear()
+    _NOT_VMAPPABLE.clear()
+  _EPSILON_OF.clear()  # a patched accountant must not meet expectations computed before
 
 
 def _cache(entry: reg.ReleasePoint) -> _Cache:
   key = (entry.name, id(entry.release), id(entry.pairs), id(entry.vector))
   if key not in _CACHES:
     _CACHES[key] = _Cache(entry)
-    while len(_CACHES) > 2:
-      _CACHES.popitem(last=False)
+    unpinned = [k for k in _CACHES if k[0] not in PINNED and k != key]
+    while len(unpinned) > 1:  # the two most recent entries (pinned ones do not count)
+      del _CACHES[unpinned.pop(0)]
   _CACHES.move_to_end(key)
   return _CACHES[key]
 
@@ -376,7 +458,8 @@ def pairs_of(entry: reg.ReleasePoint) -> list:
 
 
 def shared_key(i: int) -> jax.Array:
-  return keys_for("shared", SHARED_KEYS)[i]
+  """Shared key ``i``: ``keys_for("shared", SHARED_KEYS)[i]``."""
+  return wrap_keys(shared_key_data()[i])
 
 
 def batch_size(entry: reg.ReleasePoint) -> int:
@@ -419,10 +502,8 @@ def _vmapped(entry: reg.ReleasePoint, pair: int, side: int) -> Optional[Batch]:
   dkey = cache.data_keys[(pair, side)]
   if dkey not in cache.shared and is_vmappable(entry):
     bulk_side = 1 if dkey == cache.data_keys[(0, 1)] != cache.data_keys[(0, 0)] else 0
-    size = batch_size(entry)
-    keys = jax.numpy.concatenate([keys_for("shared", SHARED_KEYS),
-                                  bulk_keys(bulk_side, 0, size - SHARED_KEYS)])
-    batch = _try_vmap(entry, keys, pairs_of(entry)[pair][side])
+    batch = _try_vmap(entry, batch_keys(bulk_side, batch_size(entry)),
+                      pairs_of(entry)[pair][side])
     if batch is not None:
       cache.shared[dkey] = batch
   return cache.shared.get(dkey)
@@ -454,9 +535,11 @@ def vectors_at(entry: reg.ReleasePoint, pair: int, side: int, num: int) -> np.nd
 
 
 def bulk_keys(side: int, start: int, stop: int) -> jax.Array:
-  """Keys ``start..stop-1`` of the bulk stream of ``side`` (independent of how many are drawn)."""
-  base = jax.random.fold_in(jax.random.key(_SEEDS["bulk"]), side)
-  return jax.vmap(lambda i: jax.random.fold_in(base, i))(jax.numpy.arange(start, stop))
+  """Keys ``start..stop-1`` of the bulk stream of ``side`` (independent of how many are drawn).
+
+  Key ``i`` is ``jax.random.fold_in(fold_in(key(bulk seed), side), i)`` (see bulk_key_data).
+  """
+  return wrap_keys(bulk_key_data(side, start, stop))
 
 
 def _applies(entry: reg.ReleasePoint, check: str) -> bool:
@@ -513,9 +596,7 @@ def bulk_outputs(entry: reg.ReleasePoint, side: int, num: int) -> Batch:
       return have
     if batch is not None:  # one larger batch of the same keys (the same size for both sides)
       size = max(num, bulk_size(entry))
-      keys = jax.numpy.concatenate([keys_for("shared", SHARED_KEYS),
-                                    bulk_keys(side, 0, size - SHARED_KEYS)])
-      batch = _try_vmap(entry, keys, data)
+      batch = _try_vmap(entry, batch_keys(side, size), data)
       if batch is not None:
         cache.bulk[side] = batch
         return batch
@@ -525,8 +606,8 @@ def bulk_outputs(entry: reg.ReleasePoint, side: int, num: int) -> Batch:
     items = [output_at(entry, 0, side, i) for i in range(REPLAY_KEYS)]
   if len(items) < num:
     start = len(items) - REPLAY_KEYS
-    keys = bulk_keys(side, start, start + num - len(items))
-    items.extend(entry.release(keys[i], data) for i in range(keys.shape[0]))
+    rows = bulk_key_data(side, start, start + num - len(items))
+    items.extend(entry.release(wrap_keys(row), data) for row in rows)
   cache.bulk[side] = Batch(items=items)
   return Batch(items=items[:num])
 
@@ -618,7 +699,11 @@ import conformance_registry as reg
 spec = json.loads(sys.argv[1])
 entries = {{}}
 if spec["mode"] == "registry":
-  reg.load_all()
+  import importlib
+  for module in spec.get("modules") or []:  # the modules that register the names
+    importlib.import_module(module)
+  if any(name not in reg.REGISTRY for name in spec["names"]):
+    reg.load_all()
   for name in spec["names"]:
     entries[name] = reg.REGISTRY[name]
 else:
@@ -662,8 +747,12 @@ class FreshProcesses:
   """
 
   def __init__(self, names: Iterable[str], module: Optional[str] = None, processes: int = 2):
+    names = list(names)
+    # Registry names: the child imports only the entries_* modules that register them.
+    modules = (sorted({reg.MODULE_OF[n] for n in names})
+               if module is None and all(n in reg.MODULE_OF for n in names) else None)
     spec = {"mode": "registry" if module is None else "module", "module": module,
-            "names": list(names)}
+            "names": names, "modules": modules}
     script = _SUBPROCESS_SCRIPT.format(here=str(_HERE), repo=str(_REPO), calls=FRESH_CALLS)
     env = dict(os.environ)
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -705,14 +794,17 @@ class SharedFreshProcesses:
   that file. A worker that finds no file within ``timeout`` (the owner died)
   starts its own processes. The verdicts are those of :class:`FreshProcesses`:
   two separate processes, digests compared with this process's outputs.
+  ``module``: as for :class:`FreshProcesses` (None: registry names).
   """
 
-  def __init__(self, names: Iterable[str], run_id: str, processes: int = 2):
+  def __init__(self, names: Iterable[str], run_id: str, processes: int = 2,
+               module: Optional[str] = None):
     import tempfile  # pylint: disable=import-outside-toplevel
     import threading  # pylint: disable=import-outside-toplevel
     self._names = list(names)
     self._processes = processes
-    tag = hashlib.sha256(json.dumps(self._names).encode()).hexdigest()[:12]
+    self._module = module
+    tag = hashlib.sha256(json.dumps([module, self._names]).encode()).hexdigest()[:12]
     safe_run = "".join(ch for ch in str(run_id) if ch.isalnum())[:40]
     self._path = pathlib.Path(tempfile.gettempdir()) / f"jaxdp_fresh_{safe_run}_{tag}.json"
     self._own: Optional[FreshProcesses] = None
@@ -723,7 +815,7 @@ class SharedFreshProcesses:
       os.close(fd)
     except FileExistsError:
       return  # another worker owns the processes
-    self._own = FreshProcesses(self._names, processes=processes)
+    self._own = FreshProcesses(self._names, module=module, processes=processes)
     self._thread = threading.Thread(target=self._publish, daemon=True)
     self._thread.start()
 
@@ -747,7 +839,7 @@ class SharedFreshProcesses:
       while not self._path.exists() and time.monotonic() < deadline:
         time.sleep(0.5)
       if not self._path.exists():  # the owner is gone: run our own processes
-        self._own = FreshProcesses(self._names, processes=self._processes)
+        self._own = FreshProcesses(self._names, module=self._module, processes=self._processes)
         return self._own.result()
       payload = json.loads(self._path.read_text())
     if "error" in payload or "digests" not in payload:
@@ -790,7 +882,7 @@ def check_fresh(entry: reg.ReleasePoint, process_digests: Optional[list[dict]] =
     # with vmapped slices of the same batch shape).
     a = as_vector(entry, output_at(entry, 0, 0, 0))
     size = len(_vmapped(entry, 0, 0))
-    again = run_batch(entry, jax.numpy.broadcast_to(shared_key(0), (size,)), data)
+    again = run_batch(entry, wrap_keys(np.repeat(shared_key_data()[:1], size, axis=0)), data)
     b = as_vector(entry, again[0])
     if not np.array_equal(as_vector(entry, again[1]), b, equal_nan=True):
       _fail(entry, "fresh", "the same explicit key gave two different outputs in one batch (an "
@@ -915,11 +1007,26 @@ def ledger_releases(accountant: Any, event: Any) -> int:
 
 
 def _epsilon_of(event: Any, count: int, delta: float, relation: str, unit: str) -> float:
-  from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
-  acc = PrivacyAccountant(neighbouring=relation, unit=unit)
-  if count:
-    acc.spend(event, count=count)
-  return acc.get_epsilon(delta)
+  """Epsilon at ``delta`` of ``count`` x ``event`` on a fresh accountant (the expectation).
+
+  A pure function of the event's canonical dict and the other arguments, memoised on them:
+  a PLD of a sampled Gaussian costs about a second, and check_charge asks for the same
+  value twice (the ledger comparison and the budget's size), as do entries that share
+  their event (the DP-SGD plan cells). The library call under test (the ledger's
+  ``get_epsilon``, the budget's refusal) is never memoised.
+  """
+  slot = (_event_key(event), int(count), float(delta), relation, unit)
+  if slot not in _EPSILON_OF:
+    from jaxdp.accounting import PrivacyAccountant  # pylint: disable=import-outside-toplevel
+    acc = PrivacyAccountant(neighbouring=relation, unit=unit)
+    if count:
+      acc.spend(event, count=count)
+    _EPSILON_OF[slot] = acc.get_epsilon(delta)
+  return _EPSILON_OF[slot]
+
+
+# (canonical event dict, count, delta, relation, unit) -> epsilon; emptied by clear_caches().
+_EPSILON_OF: dict = {}
 
 
 def _describe_ledger(accountant: Any) -> str:
@@ -1389,8 +1496,11 @@ def audit_report(entry: reg.ReleasePoint, slow: bool = False):
     d0, d1 = pairs_of(entry)[0]
     s0 = map_outputs(entry, keys_for(name, trials, offset=0), d0, stat)
     s1 = map_outputs(entry, keys_for(name, trials, offset=1), d1, stat)
-  else:
-    s0, s1 = bulk_map(entry, 0, trials, stat), bulk_map(entry, 1, trials, stat)
+  else:  # the statistics of the cached bulk outputs, kept with them
+    cache, slot = _cache(entry), (trials, id(spec.statistic))
+    if slot not in cache.audit:
+      cache.audit[slot] = (bulk_map(entry, 0, trials, stat), bulk_map(entry, 1, trials, stat))
+    s0, s1 = cache.audit[slot]
   if not (np.all(np.isfinite(s0)) and np.all(np.isfinite(s1))):
     _fail(entry, name, "the audit statistic is not finite on every output.")
   return audit.epsilon_lower_bound(s0, s1, delta=float(entry.delta), confidence=AUDIT_CONFIDENCE,

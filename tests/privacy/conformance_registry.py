@@ -144,6 +144,11 @@ class ReleasePoint:
 
 REGISTRY: dict[str, ReleasePoint] = {}
 
+# name -> the ``entries_*`` module whose import registered it (the outermost one being
+# imported), so that a process that needs a few entries (the fresh check's subprocesses)
+# imports only their modules.
+MODULE_OF: dict[str, str] = {}
+
 # Public callables that take privacy parameters but release nothing computed from
 # private data (calibrations, accounting of public parameters): name -> reason.
 NOT_RELEASE_POINTS: dict[str, str] = {}
@@ -157,11 +162,26 @@ def register(entry: ReleasePoint) -> ReleasePoint:
   """Adds ``entry``; a second entry with the same name raises."""
   if entry.name in REGISTRY:
     raise ValueError(f"release point {entry.name!r} registered twice.")
+  module = _registering_module()
+  if module is not None:
+    MODULE_OF[entry.name] = module
   if entry.name in _DEFAULT_DECLARATIONS:  # a registration replaces a fallback declaration
     _DEFAULT_DECLARATIONS.discard(entry.name)
     NOT_RELEASE_POINTS.pop(entry.name, None)
   REGISTRY[entry.name] = entry
   return entry
+
+
+def _registering_module() -> Optional[str]:
+  """The outermost ``entries_*`` module on the call stack (the one being imported)."""
+  import sys  # pylint: disable=import-outside-toplevel
+  frame, found = sys._getframe(1), None  # pylint: disable=protected-access
+  while frame is not None:
+    name = frame.f_globals.get("__name__", "")
+    if name.startswith("entries_"):
+      found = name
+    frame = frame.f_back
+  return found
 
 
 def not_a_release_point(name: str, reason: str, *, default: bool = False) -> None:

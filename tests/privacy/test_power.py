@@ -3,7 +3,7 @@
 Two parts:
 
 1. A toy Laplace release (``TOY``: ``f(D) = sum of records clipped to L1 norm
-   1``, add/remove, ``Lap(1/eps)`` per coordinate) written here, with correct
+   1``, add/remove, ``Lap(1/eps)`` per coordinate; toy_release.py), with correct
    noise, passes every check; variants with ONE injected defect each fail the
    named check (20% less noise, a replayed key, one event charged for k
    releases, an exact statistic returned as a field, a record-anchored
@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import itertools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -36,122 +35,13 @@ from jaxdp import _keys
 from jaxdp.accounting import events
 
 # ---------------------------------------------------------------------------
-# The toy release.
+# The toy release (toy_release.py: the fresh check's subprocesses import it alone).
 # ---------------------------------------------------------------------------
 
-DIM = 4
-EPS = 1.0
-SCALE = 1.0 / EPS  # Laplace scale b = Delta_1 / eps with Delta_1 = 1 (Dwork & Roth Thm 3.6)
-GRID = 2.0**-4
-BATCH = 3  # releases per charged call
-
-
-class ToyRelease(NamedTuple):
-  value: jax.Array     # the private release
-  dim: int             # public: the output dimension
-
-
-class LeakyRelease(NamedTuple):
-  value: jax.Array
-  dim: int
-  exact_sum: np.ndarray  # the non-private statistic itself (defect iv)
-
-
-def _clip_rows(x: np.ndarray, bound: float) -> np.ndarray:
-  """Rows scaled to L1 norm <= bound."""
-  norms = np.abs(x).sum(axis=1, keepdims=True)
-  return x * np.minimum(1.0, bound / np.maximum(norms, 1e-30))
-
-
-def exact_sum(data: dict, bound: float = 1.0) -> np.ndarray:
-  """``sum_i clip(x_i)`` in float64 (the reference of the noise check)."""
-  return _clip_rows(np.asarray(data["x"], np.float64), bound).sum(axis=0)
-
-
-def toy_pairs() -> list:
-  """Add/remove pairs; the worst cases (a record at and beyond the clip bound) first."""
-  rng = np.random.default_rng(7)
-  base = {"x": _clip_rows(rng.uniform(0, 1, size=(6, DIM)), 1.0).astype(np.float32)}
-  def add(row):
-    return {"x": np.concatenate([base["x"], np.asarray([row], np.float32)])}
-  return [(base, add([1.0, 0.0, 0.0, 0.0])),        # on the boundary, one coordinate
-          (base, add([30.0, 0.0, 0.0, 0.0])),       # far beyond: clipped
-          (base, add(base["x"][0])),                # duplicated row
-          (base, {"x": base["x"][:-1]})]            # removed row
-
-
-def toy_event() -> events.DpEvent:
-  return events.LaplaceDpEvent(noise_multiplier=SCALE / 1.0, neighbouring="add_remove")
-
-
-@dataclasses.dataclass(frozen=True)
-class Toy:
-  """Knobs of the toy release; the defaults are the correct release."""
-  noise_factor: float = 1.0   # (i) / (vii): scale multiplier
-  clip: float = 1.0           # (vi): clip bound actually used (the claim is 1)
-  fresh_mode: str = "os"      # (ii) "fixed": key 0 every call; "counter": per-process counter
-  charge_count: int = BATCH   # (iii): events spent for BATCH releases
-  leak: bool = False          # (iv): return the exact sum
-  lattice: str = "none"       # (v): "public" grid or "record" anchored lattice
-
-  def release(self, key, data):
-    cc_value = jnp.asarray(exact_sum(data, self.clip), jnp.float32)
-    noisy = cc_value + jnp.float32(self.noise_factor * SCALE) * jax.random.laplace(
-        key, (DIM,), jnp.float32)
-    if self.lattice == "public":
-      noisy = jnp.round(noisy / GRID) * GRID
-    elif self.lattice == "record":
-      anchor = jnp.float32(data["x"][0, 0])
-      noisy = anchor + jnp.round((noisy - anchor) / GRID) * GRID
-    if self.leak:
-      return LeakyRelease(noisy, DIM, exact_sum(data, self.clip))
-    return ToyRelease(noisy, DIM)
-
-  def fresh(self, data):
-    if self.fresh_mode == "fixed":
-      key = jax.random.key(0)
-    elif self.fresh_mode == "counter":
-      key = jax.random.fold_in(jax.random.key(0), next(_COUNTER))
-    else:
-      key = _keys.fresh_key()
-    return self.release(key, data)
-
-  def charged(self, data, accountant):
-    accountant.spend(toy_event(), count=self.charge_count)
-    keys = jax.random.split(_keys.fresh_key(), BATCH)
-    return [self.release(k, data) for k in keys], BATCH
-
-
-_COUNTER = itertools.count()
-
-
-def make_toy(name: str, toy: Toy = Toy(), **overrides) -> reg.ReleasePoint:
-  fields = dict(
-      name=name, family="mechanisms", neighbouring="add_remove", unit="example",
-      guarantee="eps-DP, Laplace mechanism on a clipped sum, Dwork-Roth Thm 3.6",
-      epsilon=EPS, delta=0.0, pairs=toy_pairs, release=toy.release,
-      vector=lambda out: np.asarray(out.value, np.float64), event=toy_event,
-      charged=toy.charged, fresh=toy.fresh, sensitivity=1.0, norm="l1",
-      noise=reg.NoiseSpec("laplace", SCALE, exact_sum, "Dwork & Roth 2014 Thm 3.6: b = 1/eps"),
-      audit=reg.AuditSpec(statistic=lambda out: out.value[0], trials=4000, slow_trials=100_000),
-      support="continuous", public_outputs=("dim",))
-  fields.update(overrides)
-  return reg.ReleasePoint(**fields)
-
-
-# Module-level (the fresh check's subprocesses import them from here).
-TOY = make_toy("toy.laplace")
-TOY_GRID = make_toy("toy.laplace_grid", Toy(lattice="public"), support=f"grid:{GRID}")
-TOY_UNDER_NOISED = make_toy("toy.under_noised", Toy(noise_factor=0.8))
-TOY_FIXED_KEY = make_toy("toy.fixed_key", Toy(fresh_mode="fixed"))
-TOY_COUNTER_KEY = make_toy("toy.counter_key", Toy(fresh_mode="counter"))
-TOY_ONE_CHARGE = make_toy("toy.one_charge", Toy(charge_count=1))
-TOY_LEAK = make_toy("toy.leak", Toy(leak=True))
-TOY_RECORD_LATTICE = make_toy("toy.record_lattice", Toy(lattice="record"), support=f"grid:{GRID}")
-TOY_SENSITIVITY = make_toy("toy.sensitivity", Toy(clip=1.2))
-TOY_HALF_NOISE = make_toy("toy.half_noise", Toy(noise_factor=0.5))
-TOY_KEYED = make_toy("toy.keyed", fresh=None)
-TOY_OVER_NOISED = make_toy("toy.over_noised", Toy(noise_factor=1.6))
+from toy_release import (  # pylint: disable=wrong-import-position,unused-import
+    BATCH, DIM, EPS, GRID, SCALE, TOY, TOY_COUNTER_KEY, TOY_FIXED_KEY, TOY_GRID, TOY_HALF_NOISE,
+    TOY_KEYED, TOY_LEAK, TOY_ONE_CHARGE, TOY_OVER_NOISED, TOY_RECORD_LATTICE, TOY_SENSITIVITY,
+    TOY_UNDER_NOISED, LeakyRelease, Toy, ToyRelease, exact_sum, make_toy, toy_event, toy_pairs)
 
 
 # ---------------------------------------------------------------------------
@@ -160,9 +50,22 @@ TOY_OVER_NOISED = make_toy("toy.over_noised", Toy(noise_factor=1.6))
 
 
 @pytest.fixture(scope="module")
-def toy_process_digests():
-  """fresh(D) of the correct toy and of the per-process-counter toy in two processes (one spawn)."""
-  return cc.fresh_digests_in_processes(["TOY", "TOY_COUNTER_KEY"], module="test_power")
+def toy_process_digests(request):
+  """fresh(D) of the correct toy and of the per-process-counter toy in two processes (one spawn).
+
+  Under pytest-xdist the two processes are started once for the run, by the first worker
+  that needs them, and their digests are shared with the other worker (as the registry's,
+  test_conformance.fresh_process_digests).
+  """
+  names = ["TOY", "TOY_COUNTER_KEY"]
+  workerinput = getattr(request.config, "workerinput", None)
+  if workerinput is None:
+    procs = cc.FreshProcesses(names, module="toy_release")
+  else:
+    procs = cc.SharedFreshProcesses(names, run_id=workerinput.get("testrunuid", "run"),
+                                    module="toy_release")
+  yield procs.result()
+  procs.kill()
 
 
 def test_correct_toy_passes_every_check(toy_process_digests):
@@ -623,30 +526,41 @@ def _resolve_target(target: str):
 
 
 def run_injection(row: Injection, monkeypatch) -> bool:
-  """Applies ``row`` and runs its check on the registered entry; True if the check raised."""
+  """Applies ``row`` and runs its check on the registered entry; True if the check raised.
+
+  The entry's cached releases are forgotten before the patched check (releases cached
+  before the patch must not be reused) and after it, whatever it raised (nothing computed
+  under the patch survives it); only this entry is computed under the patch.
+  """
   entry = _registry()[row.entry]
   module, attr = _resolve_target(row.target)
   original = getattr(module, attr)
   with monkeypatch.context() as patch:
     patch.setattr(module, attr, row.factory(original))
-    cc.clear_caches()  # releases cached before the patch must not be reused
+    cc.clear_caches(row.entry)
     try:
       cc.CHECK_FUNCTIONS[row.check](entry)
     except AssertionError:
       return True
+    finally:
+      cc.clear_caches(row.entry)
   return False
 
 
 def _with_cost_marks(rows: list[Injection]) -> list:
   """The first row of each family always runs; the others are ``slow`` (same assertion).
 
-  Every row re-runs its check twice with cleared caches (recompiling the entry), so
-  the whole table takes minutes on 2 cores; ``-m slow`` runs every row.
+  Every row runs its check unpatched and again patched with the entry's caches cleared
+  (recompiling the entry), so the whole table takes minutes on 2 cores; ``-m slow`` runs
+  every row. The always-on rows' entries are pinned (conformance_checks.pin): their
+  unpatched check reads the releases test_conformance computed in this process, if any.
   """
   seen: set[str] = set()
   params = []
   for row in rows:
     marks = () if row.family not in seen else (pytest.mark.slow,)
+    if row.family not in seen:
+      cc.pin(row.entry)
     seen.add(row.family)
     params.append(pytest.param(row, marks=marks, id=_row_id(row)))
   return params
@@ -661,11 +575,10 @@ def test_injected_library_defect_is_caught(row, monkeypatch):
   if row.check in skip:
     _RESULTS[_row_id(row)] = "skipped"
     pytest.skip(f"{row.entry} skips {row.check}: {skip[row.check]}")
-  # The unpatched entry must pass the check (else the row shows nothing).
-  cc.clear_caches()
+  # The unpatched entry must pass the check (else the row shows nothing); its cached
+  # releases, if any, were computed unpatched (every patched check clears them).
   cc.CHECK_FUNCTIONS[row.check](_registry()[row.entry])
-  caught = run_injection(row, monkeypatch)
-  cc.clear_caches()  # nothing computed under the patch survives it
+  caught = run_injection(row, monkeypatch)  # clears the entry's caches before and after
   _RESULTS[_row_id(row)] = "caught" if caught else "MISSED"
   assert caught, f"injected defect not caught by {row.check} on {row.entry}: {row.defect}"
 

@@ -26,12 +26,15 @@ def test_selection_is_registered_and_valid():
   assert "audit" not in cc.canonical_skip(entry)
 
 
+cc.pin(ROW.entry)  # the unpatched audit reads test_conformance's releases (see pin)
+
+
 def test_under_noised_selection_is_caught(monkeypatch):
   entry = reg.load_all()[ROW.entry]
-  cc.clear_caches()
-  cc.CHECK_FUNCTIONS[ROW.check](entry)  # the unpatched entry passes (else the row shows nothing)
-  correct = cc.audit_report(entry)
-  caught = run_injection(ROW, monkeypatch)
-  cc.clear_caches()  # nothing computed under the patch survives it
+  # The unpatched entry passes (else the row shows nothing); cached releases and their
+  # audit statistics, if any, were computed unpatched (run_injection clears them).
+  cc.CHECK_FUNCTIONS[ROW.check](entry)
+  correct = cc.audit_report(entry)  # the statistics the check just computed
+  caught = run_injection(ROW, monkeypatch)  # clears the entry's caches before and after
   assert caught, f"injected defect not caught by {ROW.check} on {ROW.entry}: {ROW.defect}"
   assert correct.epsilon_lower_bound <= entry.epsilon
