@@ -13,6 +13,17 @@ from jaxdp.prediction import subsample_aggregate as sa
 from jaxdp.dpsgd import clipping
 
 
+class _Jitted:
+  """A clipped-gradient function called through one ``jax.jit`` (its ``sensitivity`` kept)."""
+
+  def __init__(self, fn):
+    self._jitted = jax.jit(fn)
+    self.sensitivity = fn.sensitivity
+
+  def __call__(self, *args, **kwargs):
+    return self._jitted(*args, **kwargs)
+
+
 def test_scalar_query_pair_is_at_sensitivity_distance():
   p = audit.scalar_query_pair(2.5)
   assert float(p.neighbour - p.dataset) == 2.5
@@ -91,7 +102,7 @@ def _loss(w, x, y):
 
 
 def test_canary_audit_argument_checks():
-  fn = clipping.clipped_grad(_loss, l2_clip_norm=1.0, batch_argnums=(1, 2))
+  fn = _Jitted(clipping.clipped_grad(_loss, l2_clip_norm=1.0, batch_argnums=(1, 2)))
   xb, yb = jnp.ones((4, 3)) / 2.0, jnp.ones(4)
   kw = dict(noise_multiplier=1.0, key=jax.random.key(0), num_trials=10, progress=False)
   with pytest.raises(ValueError, match="shape"):
@@ -105,7 +116,7 @@ def test_canary_audit_argument_checks():
 def test_canary_mechanism_statistic_has_the_predicted_law():
   # Without the canary the projection is N(<G, c>/b, (sigma S / b)^2); with it
   # the mean moves by ||c|| / b = S / b (the canary's gradient is clipped to S).
-  fn = clipping.clipped_grad(_loss, l2_clip_norm=2.0, batch_argnums=(1, 2))
+  fn = _Jitted(clipping.clipped_grad(_loss, l2_clip_norm=2.0, batch_argnums=(1, 2)))
   xb = jnp.array([[0.5, 0.0, 0.0], [0.0, 0.5, 0.0]])
   yb = jnp.array([1.0, -1.0])
   examples = (jnp.concatenate([xb, jnp.array([[0.0, 0.0, 30.0]])]), jnp.array([1.0, -1.0, 1.0]))
@@ -133,7 +144,7 @@ def test_canary_mechanism_statistic_has_the_predicted_law():
 
 
 def test_canary_poisson_sampling_includes_the_canary_at_rate_q():
-  fn = clipping.clipped_grad(_loss, l2_clip_norm=1.0, batch_argnums=(1, 2))
+  fn = _Jitted(clipping.clipped_grad(_loss, l2_clip_norm=1.0, batch_argnums=(1, 2)))
   examples = (jnp.array([[0.5, 0.0], [0.0, 40.0]]), jnp.array([1.0, 1.0]))
   setup = audit.canary_mechanism(fn, jnp.zeros(2), examples, noise_multiplier=0.0,
                                  expected_batch_size=2.0, num_steps=4, sample_rate=0.3)

@@ -121,8 +121,10 @@ def test_empty_clusters_get_noise_too():
   # count and sum are noisy (never an exact zero that reveals emptiness).
   x = np.full((20, 2), -1.0)
   cents = jnp.array([[-1.0, -1.0], [1.0, 1.0]])
-  counts, sums = km.noisy_lloyd_step(jax.random.key(0), jnp.asarray(x, jnp.float32), cents,
-                                     jnp.zeros(2), 1.0, 1.0)
+  # Jitted (noise scales static, as the fit's core has them): one compiled program.
+  step = jax.jit(km.noisy_lloyd_step, static_argnums=(4, 5))
+  counts, sums = step(jax.random.key(0), jnp.asarray(x, jnp.float32), cents, jnp.zeros(2), 1.0,
+                      1.0)
   assert float(counts[1]) != 0.0 and np.all(np.asarray(sums[1]) != 0.0)
 
 

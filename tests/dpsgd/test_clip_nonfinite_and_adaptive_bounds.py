@@ -24,7 +24,12 @@ class _Mlp(nn.Module):
 
 
 _MODEL = _Mlp()
-_PARAMS = _MODEL.init(jax.random.key(0), jnp.ones(2))["params"]
+
+
+@functools.lru_cache(maxsize=None)
+def _params():
+  # On first use, one compiled program (not at import, op by op, in every pytest worker).
+  return jax.jit(lambda: _MODEL.init(jax.random.key(0), jnp.ones(2))["params"])()
 
 
 def _loss(p, x):
@@ -52,7 +57,7 @@ _CLIPPERS = [pytest.param("vmap", False, None, marks=_SLOW),
 
 def _close(a, b):
   for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
-    assert bool(jnp.all(jnp.isfinite(u)))
+    assert bool(np.all(np.isfinite(np.asarray(u))))
     np.testing.assert_allclose(np.asarray(u), np.asarray(v), rtol=2e-5, atol=1e-6)
 
 
@@ -60,11 +65,11 @@ def _close(a, b):
 def test_nonfinite_example_contributes_zero_and_huge_one_is_clipped(method, per_layer, micro):
   f = clipping.clipped_grad(_loss, l2_clip_norm=1.0, method=method, per_layer=per_layer,
                             microbatch_size=micro)
-  with_bad, info = f(_PARAMS, jnp.concatenate([_GOOD, _BAD, _HUGE]))
-  without, info_ok = f(_PARAMS, jnp.concatenate([_GOOD, _HUGE]))
+  with_bad, info = f(_params(), jnp.concatenate([_GOOD, _BAD, _HUGE]))
+  without, info_ok = f(_params(), jnp.concatenate([_GOOD, _HUGE]))
   _close(with_bad, without)
   # The huge (finite) example is clipped to norm ~1 (not zeroed): its contribution alone.
-  huge_only, _ = f(_PARAMS, _HUGE)
+  huge_only, _ = f(_params(), _HUGE)
   norm = float(optax.global_norm(huge_only))
   assert (0.5 if per_layer else 0.999) < norm <= 1.0
   # Diagnostics: the non-finite examples count as clipped and have norm inf.
@@ -91,8 +96,8 @@ def test_adaptive_clipped_grad_nonfinite_and_tiny_clip_norm(method):
   # first (and 1e30 entries would overflow); clipped first, every normalised vector has norm 1.
   for c in (1e-30, 0.5):
     f = _adaptive(method)(jnp.float32(c))
-    g_bad, info = f(_PARAMS, jnp.concatenate([_GOOD, _BAD, _HUGE]))
-    g_ok, _ = f(_PARAMS, jnp.concatenate([_GOOD, _HUGE]))
+    g_bad, info = f(_params(), jnp.concatenate([_GOOD, _BAD, _HUGE]))
+    g_ok, _ = f(_params(), jnp.concatenate([_GOOD, _HUGE]))
     _close(g_bad, g_ok)
     assert float(optax.global_norm(g_ok)) <= 3.0
     assert int(info.num_clipped) >= 3  # the two non-finite and the huge example
@@ -102,8 +107,8 @@ def test_adaptive_per_layer_nonfinite():
   clips = {"Dense_0": jnp.float32(0.3), "Dense_1": jnp.float32(2.0)}
   for method in ("vmap", "ghost"):
     f = _adaptive(method, per_layer=True)(clips)
-    g_bad, info = f(_PARAMS, jnp.concatenate([_GOOD, _BAD, _HUGE]))
-    g_ok, _ = f(_PARAMS, jnp.concatenate([_GOOD, _HUGE]))
+    g_bad, info = f(_params(), jnp.concatenate([_GOOD, _BAD, _HUGE]))
+    g_ok, _ = f(_params(), jnp.concatenate([_GOOD, _HUGE]))
     _close(g_bad, g_ok)
     assert info.num_clipped_per_group.shape == (2,)
 
@@ -116,8 +121,8 @@ def test_per_layer_adaptive_groups_are_clipped_to_their_norms():
   assert float(d) >= math.hypot(1e-3, 1e3)
   assert sum(float(v) ** 2 for v in jax.tree.leaves(nus)) <= 1.0
   x = _GOOD[1:]
-  out, info = _adaptive("vmap", per_layer=True)(clips)(_PARAMS, x)
-  raw = jax.jit(jax.grad(_loss))(_PARAMS, x[0])
+  out, info = _adaptive("vmap", per_layer=True)(clips)(_params(), x)
+  raw = jax.jit(jax.grad(_loss))(_params(), x[0])
   n0 = float(optax.global_norm(out["Dense_0"])) * float(d)
   assert n0 <= 1e-3 * (1 + 1e-6) and n0 > 0.999e-3
   _close(jax.tree.map(lambda a: a * d, out["Dense_1"]), raw["Dense_1"])
@@ -267,23 +272,24 @@ def test_per_layer_adaptive_clip_noise_budget_and_update():
   # G = 2 counts of sensitivity 1/2 each: sigma^-2 = sigma_Delta^-2 + 2 (2 sigma_b)^-2.
   assert seen[0] == pytest.approx(ac.gradient_noise_multiplier(sigma, sigma_b, participations=2))
   assert ac.joint_noise_multiplier(seen[0], sigma_b, participations=2) == pytest.approx(sigma)
-  state = tx.init(_PARAMS)
+  params = _params()
+  state = tx.init(params)
   assert jax.tree.structure(ac.current_clip_norm(state)) == jax.tree.structure(
       {"Dense_0": 0, "Dense_1": 0})
 
   @jax.jit
   def step(state, x):
     f = ac.adaptive_clipped_grad(_loss, ac.current_clip_norm(state), per_layer=True)
-    g, info = f(_PARAMS, x)
+    g, info = f(params, x)
     count = ac.centered_unclipped_count(info.num_examples, info.num_clipped_per_group)
-    return tx.update((g, count), state, _PARAMS)
+    return tx.update((g, count), state, params)
 
   out, new_state = step(state, jnp.concatenate([_GOOD, _HUGE]))
   assert all(bool(jnp.all(jnp.isfinite(v))) for v in jax.tree.leaves(out))
   new = ac.current_clip_norm(new_state)
   assert float(new["Dense_0"]) != 0.5 and float(new["Dense_1"]) != 2.0
   with pytest.raises(ValueError, match="shape \\(2,\\)"):
-    tx.update((jax.tree.map(jnp.zeros_like, _PARAMS), jnp.float32(0.0)), state)
+    tx.update((jax.tree.map(jnp.zeros_like, _params()), jnp.float32(0.0)), state)
 
 
 def test_per_layer_adaptive_bad_arguments():
@@ -296,9 +302,9 @@ def test_per_layer_adaptive_bad_arguments():
     ac.per_layer_adaptive_clip_noise(f, cfg, groups={"a": 1e7}, **common)
   tx = ac.per_layer_adaptive_clip_noise(f, cfg, num_groups=3, **common)
   with pytest.raises(ValueError, match="num_groups=3 but params has 4 leaves"):
-    tx.init(_PARAMS)
+    tx.init(_params())
   with warnings.catch_warnings():
     warnings.simplefilter("error")
     tx = ac.adaptive_noisy_aggregate(cfg, noise_multiplier=1.0, expected_batch_size=64.0,
                                      key=jax.random.key(3), per_layer=True, num_groups=4)
-  assert len(jax.tree.leaves(ac.current_clip_norm(tx.init(_PARAMS)))) == 4
+  assert len(jax.tree.leaves(ac.current_clip_norm(tx.init(_params())))) == 4

@@ -23,9 +23,20 @@ from jaxdp.dpsgd import adaptive_clipping as ac
 from jaxdp.dpsgd import clip_chunks, clipping
 
 _MODEL = models.MLP(hidden_sizes=(8,))
-_X = jax.random.normal(jax.random.key(0), (6, 5))
-_Y = jax.random.randint(jax.random.key(1), (6,), 0, 10)
-_PARAMS = _MODEL.init(jax.random.key(2), _X[:1])["params"]
+
+
+@functools.lru_cache(maxsize=None)
+def _problem():
+  """(x, y, params): built by one compiled program on first use, not at import (every pytest
+  worker imports this module; op by op, the build compiled ~16 programs in each)."""
+
+  @jax.jit
+  def build():
+    x = jax.random.normal(jax.random.key(0), (6, 5))
+    y = jax.random.randint(jax.random.key(1), (6,), 0, 10)
+    return x, y, _MODEL.init(jax.random.key(2), x[:1])["params"]
+
+  return build()
 
 
 def _loss(p, xi, yi):
@@ -52,7 +63,8 @@ def _jitted(per_layer, adaptive, micro, method, vmap_form):
 
 
 def _run(per_layer, adaptive, x, y, mask=None, micro=None, method="ghost"):
-  return _jitted(per_layer, adaptive, micro, method, clip_chunks._VMAP_FORM)(_PARAMS, x, y, mask)
+  params = _problem()[2]
+  return _jitted(per_layer, adaptive, micro, method, clip_chunks._VMAP_FORM)(params, x, y, mask)
 
 
 # Always on: flat fixed and per-layer adaptive (the two ends); the rest under `slow`.
@@ -64,6 +76,7 @@ _SLOW = pytest.mark.slow
     pytest.param(False, True, None, marks=_SLOW), (True, True, None),
     pytest.param(False, False, 4, marks=_SLOW)])
 def test_ghost_equals_vmap(monkeypatch, per_layer, adaptive, micro):
+  _X, _Y, _ = _problem()
   bad = jnp.concatenate([_X[:4], jnp.array([[jnp.inf, 0, 0, 0, 0], [1e30, -1e30, 0, 0, 0]],
                                            jnp.float32)])
   mask = jnp.array([True, True, False, True, True, True])
@@ -83,6 +96,7 @@ def test_ghost_equals_vmap(monkeypatch, per_layer, adaptive, micro):
 
 @pytest.mark.parametrize("per_layer", [False, True])
 def test_ghost_nonfinite_is_zero_and_huge_is_clipped(per_layer):
+  _X, _Y, _ = _problem()
   x = jnp.concatenate([_X[:2], jnp.array([[jnp.nan, 0, 0, 0, 0]], jnp.float32)])
   g_bad, info = _run(per_layer, False, x, _Y[:3])
   g_good, _ = _run(per_layer, False, _X[:2], _Y[:2])

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-import _repo_modules
+import _experiment_scripts
 
 from jaxdp import results_io
 from jaxdp.training import selection
 
-_load = _repo_modules.load
+_load = _experiment_scripts.load  # experiment scripts once per process
 
 
 def _tiny(tmp_path, **over):

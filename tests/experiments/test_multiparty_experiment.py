@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-import _repo_modules
+import _experiment_scripts
 
 
-_load = _repo_modules.load
+_load = _experiment_scripts.load  # experiment scripts once per process
 
 
 def _tiny(out_dir, data_dir):

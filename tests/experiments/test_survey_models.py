@@ -6,9 +6,9 @@ import math
 import numpy as np
 import pytest
 
-import _repo_modules
+import _experiment_scripts
 
-_load = _repo_modules.load
+_load = _experiment_scripts.load  # experiment scripts once per process
 
 
 def _synthetic(seed=0, n=3000, dim=6):

@@ -13,11 +13,11 @@ import jax
 import numpy as np
 import pytest
 
-import _repo_modules
+import _experiment_scripts
 
 from jaxdp import models as jaxdp_models
 
-_load = _repo_modules.load
+_load = _experiment_scripts.load  # experiment scripts once per process
 
 
 def _tiny(tmp_path, figure="fig1", **over):

@@ -15,14 +15,14 @@ import jax
 import numpy as np
 import pytest
 
-import _repo_modules
+import _experiment_scripts
 
 from jaxdp.training import certified_solve, output_perturbation
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "tradeoffs.py"
 
-_load = _repo_modules.load
+_load = _experiment_scripts.load  # experiment scripts once per process
 
 # The whole digits training set, 1 validation and 3 test draws: the shapes of
 # tests/experiments/test_tradeoffs.py's Fig. 1 run, whose certified fits and model-sensitivity

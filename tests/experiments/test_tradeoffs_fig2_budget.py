@@ -13,7 +13,7 @@ import math
 import numpy as np
 import pytest
 
-import _repo_modules
+import _experiment_scripts
 
 from jaxdp import prediction as jpred
 
@@ -27,7 +27,7 @@ PREDICTION = ("prediction_sensitivity", "subsample_aggregate")
 # programs (shared through the compilation cache).
 N_TRAIN = 1438
 
-_load = _repo_modules.load
+_load = _experiment_scripts.load  # experiment scripts once per process
 
 
 def _tiny_config(tmp_path, l2_regs=(1e-2,)):

@@ -302,8 +302,11 @@ def test_laplace_tail_law_beyond_each_word(zeros):
   n = 20_000
   chunks = _chunks_with_leading_zeros(70 + zeros, n, LAPLACE_WIDTHS, zeros)
   shift = sum(LAPLACE_WIDTHS[:zeros]) * math.log(2)
-  e = np.asarray(_sampling.exponential_from_words(
-      [(jnp.asarray(c), w) for c, w in zip(chunks, LAPLACE_WIDTHS)], jnp.float32), np.float64)
+  # Jitted, as the samplers run it: one compiled program (shared by the three cases), not one
+  # per primitive.
+  transform = jax.jit(lambda cs: _sampling.exponential_from_words(
+      list(zip(cs, LAPLACE_WIDTHS)), jnp.float32))
+  e = np.asarray(transform([jnp.asarray(c) for c in chunks]), np.float64)
   excess = e - shift
   assert excess.min() >= -1e-4  # every value lies beyond shift (43.7 and 65.9 exceed the old 31.9)
   assert stats.kstest(excess, stats.expon().cdf).pvalue > P_FLOOR
@@ -320,7 +323,8 @@ def test_normal_tail_law_beyond_the_old_bound():
   w = np.asarray(jax.random.bits(jax.random.key(80), (4, n), jnp.uint32))
   words = [jnp.zeros(n, jnp.uint32), jnp.asarray(w[1]), jnp.asarray(w[2]),
            jnp.asarray(w[3] & np.uint32(0xFFFFFE00))]  # radius chunks (9, 32, ...) = (0, 0, ...)
-  z_cos, z_sin = _sampling.normal_pairs_from_words(words, jnp.float32)
+  # Jitted, as the samplers run it (one compiled program, not one per primitive).
+  z_cos, z_sin = jax.jit(lambda ws: _sampling.normal_pairs_from_words(ws, jnp.float32))(words)
   r2 = np.asarray(z_cos, np.float64) ** 2 + np.asarray(z_sin, np.float64) ** 2
   excess = r2 / 2 - 41 * math.log(2)
   assert excess.min() >= -1e-4 and np.sqrt(r2).min() >= 7.5
@@ -436,8 +440,11 @@ def test_laplace_sign_is_independent_of_magnitude():
 def test_threefry_word_pairs_are_uniform_independent_and_keyed():
   """Both output words of each Threefry block: uniform bytes, uncorrelated, one stream per key."""
   from jaxdp.mechanisms import _sampling
+  # Jitted, as the samplers run it: one compiled program per key type and shape, not one per
+  # primitive.
+  word_pairs = jax.jit(_sampling.threefry_word_pairs, static_argnums=1)
   n = 200_000
-  w0, w1 = _sampling.threefry_word_pairs(jax.random.key(50), (n,))
+  w0, w1 = word_pairs(jax.random.key(50), (n,))
   w0, w1 = np.asarray(w0), np.asarray(w1)
   assert w0.dtype == np.uint32 and w0.shape == (n,)
   for w in (w0, w1):
@@ -450,19 +457,19 @@ def test_threefry_word_pairs_are_uniform_independent_and_keyed():
   u0, u1 = w0 / 2.0**32 - 0.5, w1 / 2.0**32 - 0.5
   assert abs(np.mean(u0 * u1)) < Z_TOL / 12 / math.sqrt(n)
   # deterministic per key, different keys differ, odd sizes and legacy keys work
-  a0, _ = _sampling.threefry_word_pairs(jax.random.key(50), (n,))
+  a0, _ = word_pairs(jax.random.key(50), (n,))
   np.testing.assert_array_equal(np.asarray(a0), w0)
-  b0, _ = _sampling.threefry_word_pairs(jax.random.key(51), (n,))
+  b0, _ = word_pairs(jax.random.key(51), (n,))
   assert np.mean(np.asarray(b0) == w0) < 1e-3
-  odd0, odd1 = _sampling.threefry_word_pairs(jax.random.PRNGKey(3), (3, 5))
+  odd0, odd1 = word_pairs(jax.random.PRNGKey(3), (3, 5))
   assert odd0.shape == odd1.shape == (3, 5)
   # another PRNG implementation falls back to jax.random.bits
-  r0, r1 = _sampling.threefry_word_pairs(jax.random.key(0, impl="rbg"), (6,))
+  r0, r1 = word_pairs(jax.random.key(0, impl="rbg"), (6,))
   assert r0.shape == r1.shape == (6,)
   # vmap over keys equals the loop over keys
   keys = _keys(52, 3)
-  batched = jax.vmap(lambda k: _sampling.threefry_word_pairs(k, (8,))[1])(keys)
-  looped = np.stack([np.asarray(_sampling.threefry_word_pairs(k, (8,))[1]) for k in keys])
+  batched = jax.jit(jax.vmap(lambda k: _sampling.threefry_word_pairs(k, (8,))[1]))(keys)
+  looped = np.stack([np.asarray(word_pairs(k, (8,))[1]) for k in keys])
   np.testing.assert_array_equal(np.asarray(batched), looped)
 
 

@@ -49,8 +49,12 @@ def _strategies():
           "BLT": correlated.BLT(np.array([0.7]), np.array([0.5]))}
 
 
+@functools.lru_cache(maxsize=None)
 def _matrix(name: str) -> np.ndarray:
-  return _strategies()[name].matrix(T)
+  """The strategy's public ``C`` (T x T), read-only; kept (the checks map thousands of outputs)."""
+  c = np.array(_strategies()[name].matrix(T))
+  c.setflags(write=False)
+  return c
 
 
 def _s1(name: str) -> float:

@@ -20,14 +20,19 @@ import conformance_registry as reg
 REGISTRY = reg.load_all()
 NAMES = sorted(REGISTRY)
 # Entry by entry (so the per-entry caches are reused), except the fresh checks of keyless
-# entries (``fresh`` given), which come last: their two subprocesses start then (see
-# fresh_process_digests). A keyed entry's fresh check (``fresh`` None: no subprocess) runs
-# with its entry's other checks, where it reads the entry's cached releases instead of
-# recomputing them after the cache has moved on.
+# entries (``fresh`` given), which come last (tests/privacy/conftest.py moves them to the
+# end of the privacy suite): their two subprocesses start at the block of the last keyless
+# entry (_STARTER) and run while the remaining tests do (see fresh_process_digests). A
+# keyed entry's fresh check (``fresh`` None: no subprocess) runs with its entry's other
+# checks, where it reads the entry's cached releases instead of recomputing them after the
+# cache has moved on.
 _KEYLESS = {name for name in NAMES if REGISTRY[name].fresh is not None}
 _PAIRS = ([(name, check) for name in NAMES for check in ("schema",) + cc.CHECKS
            if check != "fresh" or name not in _KEYLESS]
           + [(name, "fresh") for name in NAMES if name in _KEYLESS])
+_STARTER = max((n for n in _KEYLESS if "fresh" not in cc.canonical_skip(REGISTRY[n])),
+               default=None)
+_STARTING: set = set()
 CASES = [pytest.param(n, c, marks=pytest.mark.slow) if (n, c) in cc.SLOW_CASES else (n, c)
          for n, c in _PAIRS]
 
@@ -46,10 +51,12 @@ def _entry_or_skip(name: str, check: str) -> reg.ReleasePoint:
 def fresh_process_digests(request):
   """``fresh(D)`` of every selected keyless entry in two separate processes.
 
-  Started by the first fresh test (the fresh tests come last): by then this run's
-  other checks have compiled the same releases into the run's shared compilation
-  cache (tests/conftest.py), which the two processes read instead of compiling
-  every keyless release again, each, while the other checks run.
+  Started by the first test of the last keyless entry's block (or else by the first
+  keyless fresh test): by then this run's other checks have compiled the keyless entries'
+  releases into the run's shared compilation cache (tests/conftest.py; the worker that
+  starts the processes first compiles the keyless calls), which the two processes read
+  instead of compiling every keyless release again, each. They run while the rest of the
+  suite does; the keyless fresh tests, last, collect their digests.
   """
   selected = {item.callspec.params.get("name") for item in request.session.items
               if getattr(item, "callspec", None) and item.callspec.params.get("check") == "fresh"}
@@ -58,21 +65,30 @@ def fresh_process_digests(request):
   if not names:
     yield None
     return
-  # Compile the keyless calls here first: check_fresh makes these calls in this process
-  # anyway, and the two processes then read them from the run's compilation cache instead
-  # of both compiling them (the other checks compile the keyed/vmapped programs, not these).
-  # An entry whose call raises is reported by its fresh check.
-  for n in names:
-    entry = REGISTRY[n]
-    try:
-      entry.fresh(cc.pairs_of(entry)[0][0])
-    except Exception:  # pylint: disable=broad-except
-      pass
+
+  def precompile():
+    # Compile the keyless calls here first: the two processes then read them from the run's
+    # compilation cache instead of both compiling them (check_fresh makes these calls in
+    # this process anyway). An entry whose call raises is reported by its fresh check.
+    # Started by _STARTER's block: only _STARTER, the one keyless entry whose checks have
+    # not run yet (each keyless entry's releases are the programs of its keyless call,
+    # compiled into the run's cache by the worker that checked it: no worker compiles
+    # them a second time).
+    for n in ([m for m in names if m in _STARTING] or names):
+      entry = REGISTRY[n]
+      try:
+        entry.fresh(cc.pairs_of(entry)[0][0])
+      except Exception:  # pylint: disable=broad-except
+        pass
+
   workerinput = getattr(request.config, "workerinput", None)
   if workerinput is None:
+    precompile()
     procs = cc.FreshProcesses(names)
-  else:  # pytest-xdist: one pair of processes for the whole run, shared by the workers
-    procs = cc.SharedFreshProcesses(names, run_id=workerinput.get("testrunuid", "run"))
+  else:  # pytest-xdist: one pair of processes for the whole run, shared by the workers; the
+    # worker that starts them precompiles (another one compiles only the entries it checks)
+    procs = cc.SharedFreshProcesses(names, run_id=workerinput.get("testrunuid", "run"),
+                                    before_start=precompile)
   yield procs
   procs.kill()
 
@@ -82,6 +98,9 @@ def test_check(name, check, request):
   if check == "schema":
     cc.validate_entry(REGISTRY[name])
     return
+  if name == _STARTER:  # start the fresh check's processes now (collected at the end)
+    _STARTING.add(name)
+    request.getfixturevalue("fresh_process_digests")
   entry = _entry_or_skip(name, check)
   if check == "noise" and name in cc.SLOW_NOISE:
     pytest.skip("host-side release with one noise coordinate per call: the noise check runs "

@@ -258,9 +258,14 @@ def _fitted_objective_noise(key, x, y, cal, *, loss, num_classes, l2_reg, h=0.5)
   return np.asarray(b, np.float64)
 
 
-def _fitted_objective_noise_many(keys, x, y, cal, *, loss, num_classes, l2_reg, h=0.5):
+def _fitted_objective_noise_many(keys, x, y, cal, *, loss, num_classes, l2_reg, h=0.5,
+                                 max_iter=500):
   """:func:`_fitted_objective_noise` for a batch of keys: the B's the batched _run drew, through
-  the same jitted _perturbed_fit_many and the same chunking (jaxdp.training.batching)."""
+  the same jitted _perturbed_fit_many and the same chunking (jaxdp.training.batching).
+
+  ``max_iter``: the fit's (loss_perturbation's default 500), so this is the very program (static
+  arguments and all) that drew the release's B, compiled once for both; B is drawn before the
+  iterations, so the fits themselves do not matter here."""
   from jaxdp.mechanisms import noise_scale_as  # pylint: disable=import-outside-toplevel
   from jaxdp.training import batching  # pylint: disable=import-outside-toplevel
   obj_keys = jax.vmap(jax.random.split)(keys)[:, 0]
@@ -269,7 +274,8 @@ def _fitted_objective_noise_many(keys, x, y, cal, *, loss, num_classes, l2_reg, 
           max(cal.tol, 1e-7), None)
   mode = linear.resolve_batch_mode("auto")
   fit = lambda k: obp._perturbed_fit_many(  # pylint: disable=protected-access
-      k, *args, noise="l2_laplace", loss=loss, num_classes=num_classes, max_iter=1, mode=mode)
+      k, *args, noise="l2_laplace", loss=loss, num_classes=num_classes, max_iter=max_iter,
+      mode=mode)
   _, b = batching.map_in_chunks(fit, obj_keys, batching.num_chunks(len(obj_keys), mode))
   return np.asarray(b, np.float64)
 
