@@ -18,12 +18,15 @@ from jaxdp.accounting import PrivacyAccountant
 # Always on: every value of every axis in at least one cell (each selection, each clip, each
 # noise, both layouts, checkpoint and none), the refused cell, and a checkpointed cell whose
 # state holds the most (a device-sampled cyclic run, an adaptive clip norm and a BandMF noise
-# history). Further pairings (device x Poisson x adaptive, fixed-size x fixed clip, user x
-# adaptive x BandMF, ...) run with the rest of the product under `slow`.
+# history), and the pairings device x Poisson x adaptive, fixed-size x fixed clip and user x
+# adaptive x BandMF. The rest of the product runs under `slow`.
 SLICE = {
     False: {pc.Cell("host", "poisson", "fixed", "independent"),
             pc.Cell("host", "cyclic", "fixed", "BLT"),
+            pc.Cell("device", "poisson", "adaptive", "independent"),
+            pc.Cell("host", "fixed_size", "fixed", "independent"),
             pc.Cell("device", "user", "fixed", "independent"),
+            pc.Cell("host", "user", "adaptive", "BandMF"),  # user x adaptive x correlated
             pc.Cell("host", "fixed_size", "adaptive_per_layer", "BandMF"),  # G = 2 counts
             pc.Cell("host", "user", "adaptive_per_layer", "independent")},  # refused
     True: {pc.Cell("device", "cyclic", "adaptive", "BandMF")},
