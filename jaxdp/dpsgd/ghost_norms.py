@@ -85,15 +85,22 @@ activations and cotangents are replaced by zeros with ``jnp.where`` before the
 book-keeping contraction), counts as clipped and has norm ``inf`` in the
 non-private diagnostics.
 
-Every chunk takes this rule; there is no cheaper plain rule behind a
-``jax.lax.cond`` taken only for huge or non-finite values. Such a cond was
-measured slower on both backends: XLA:GPU reads a conditional's predicate on
-the host, a stall inside every step (on an H200, jax 0.11.2,
+Every chunk takes this rule; there is no cheaper plain rule for the whole
+chunk behind a ``jax.lax.cond`` taken only for huge or non-finite values. Such
+a cond was measured slower on both backends: XLA:GPU reads a conditional's
+predicate on the host, a stall inside every step (on an H200, jax 0.11.2,
 ``benchmarks/compare_trees.py``: ResNet-20 GN's ghost step at batch 600 took
 1.22x the time of the same step without the cond, the MLP's at batch 256 1.38x,
 the SmallCNN's 1.42x, while the robust rule for every chunk cost ResNet-20
 1.05x); on 2 CPU cores the plan's bare SmallCNN ghost step (357 rows) took
-77.5 ms with the cond against 61.6 ms with the robust rule inline.
+77.5 ms with the cond against 61.6 ms with the robust rule inline. Only the
+row sums of squares of dense layers with one token and of materialised
+gradients take a platform-dependent form
+(``jaxdp.dpsgd.ghost_layers._scaled_rows_sumsq``): on XLA:CPU the plain
+sums, written exactly as ``4^k (s 4^-k)``, with a narrow ``cond`` that redoes
+scaled only the arrays holding a row whose plain sum is not finite (the MLP's
+clipped gradient at 357 rows: 8.8 ms against 9.6 ms with every row scaled
+first); elsewhere every row is scaled first, as above.
 """
 
 
@@ -108,8 +115,8 @@ from jaxdp.dpsgd import clip_factors as _cf
 # _Call and _conv_patches are re-exported for the tests of the capture.
 from jaxdp.dpsgd.ghost_layers import (  # pylint: disable=unused-import
     _UNDERFLOW_SLACK, _combine, _conv_patches, _f32, _gamma, _layer_sq_norms, _leaf_groups,
-    _own_params, _row_scale, _row_terms, _rows_sumsq, _safe_factor, layer_grads,
-    layer_sq_norms_scaled)
+    _own_params, _row_scale, _row_terms, _rows_sumsq, _safe_factor, _scaled_rows_sumsq,
+    layer_grads, layer_sq_norms_scaled)
 from jaxdp.dpsgd.ghost_plan import (  # pylint: disable=unused-import
     GhostPlan, _Call, _capture, make_plan)
 
@@ -139,8 +146,8 @@ def per_example_sq_norms(loss_fn: Callable[..., Any], params: PyTree, *args: Any
     for i, (s, _, k, _) in _layer_sq_norms(c, leaves, a, d)[0].items():
       sq[i] = jnp.ldexp(s, 2 * k)
   for i, g in zip(plan.fallback_leaves, fb_grads):
-    gs, k, _ = _row_scale(g)
-    sq[i] = jnp.ldexp(_rows_sumsq(gs)[0], 2 * k)
+    s, _, k, _ = _scaled_rows_sumsq(g)
+    sq[i] = jnp.ldexp(s, 2 * k)
   return jax.tree.unflatten(treedef, sq)
 
 
@@ -226,8 +233,7 @@ class _FactorContext:
         parts_g[self.group_of[i]].append((k, s + e))
         diag_parts.append((k, s))
     for i, gr in zip(self.plan.fallback_leaves, fb_grads):
-      gs, k, fin = _row_scale(gr)
-      s, gam = _rows_sumsq(gs)
+      s, gam, k, fin = _scaled_rows_sumsq(gr)
       finite = jnp.logical_and(finite, fin)
       parts_g[self.group_of[i]].append((k, s + s * gam + _UNDERFLOW_SLACK * _row_terms(gr)))
       diag_parts.append((k, s))

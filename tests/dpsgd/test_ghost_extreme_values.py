@@ -1,6 +1,8 @@
 """The ghost clipper on huge and non-finite per-example gradients.
 
-Its robust (power-of-two-scaled) rule runs for every chunk. It must give the
+Its robust (power-of-two-scaled) rule runs for every chunk, in both forms of its row sums
+of squares (ghost_layers._SUMSQ_FORM: XLA:CPU's plain sums with the overflowed rows redone
+scaled, and every other platform's rows scaled first). It must give the
 clipped sums, norms and clip counts of the vmap clipper (an independent
 implementation: per-example gradients materialised, in both of its forms) up to rounding, keep a
 non-finite example's contribution at exactly zero and clip a huge finite one
@@ -20,7 +22,7 @@ import pytest
 
 from jaxdp import models
 from jaxdp.dpsgd import adaptive_clipping as ac
-from jaxdp.dpsgd import clip_chunks, clipping
+from jaxdp.dpsgd import clip_chunks, clipping, ghost_layers
 
 _MODEL = models.MLP(hidden_sizes=(8,))
 
@@ -47,10 +49,11 @@ def _loss(p, xi, yi):
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(per_layer, adaptive, micro, method, vmap_form):
-  # Cached per clipper (and form of the vmap method, read when the clipper is traced): the
-  # calls of a test on inputs of one shape (clean and extreme values) share one compilation.
-  del vmap_form  # a part of the cache key only
+def _jitted(per_layer, adaptive, micro, method, vmap_form, sumsq_form):
+  # Cached per clipper (and form of the vmap method and of the ghost row sums, read when the
+  # clipper is traced): the calls of a test on inputs of one shape (clean and extreme values)
+  # share one compilation.
+  del vmap_form, sumsq_form  # parts of the cache key only
   if adaptive:
     clip = (jnp.float32(0.7) if not per_layer
             else {"Dense_0": jnp.float32(0.5), "Dense_1": jnp.float32(0.4)})
@@ -64,7 +67,8 @@ def _jitted(per_layer, adaptive, micro, method, vmap_form):
 
 def _run(per_layer, adaptive, x, y, mask=None, micro=None, method="ghost"):
   params = _problem()[2]
-  return _jitted(per_layer, adaptive, micro, method, clip_chunks._VMAP_FORM)(params, x, y, mask)
+  return _jitted(per_layer, adaptive, micro, method, clip_chunks._VMAP_FORM,
+                 ghost_layers._SUMSQ_FORM)(params, x, y, mask)
 
 
 # Always on: flat fixed and per-layer adaptive (the two ends); the rest under `slow`.
@@ -80,12 +84,16 @@ def test_ghost_equals_vmap(monkeypatch, per_layer, adaptive, micro):
   bad = jnp.concatenate([_X[:4], jnp.array([[jnp.inf, 0, 0, 0, 0], [1e30, -1e30, 0, 0, 0]],
                                            jnp.float32)])
   mask = jnp.array([True, True, False, True, True, True])
-  ghost = [_run(per_layer, adaptive, x, _Y, mask, micro, "ghost") for x in (_X, bad)]
+  # Both forms of the ghost row sums (ghost_layers._SUMSQ_FORM; "auto" is XLA:CPU's here).
+  ghosts = []
+  for sumsq_form in ("auto", "scaled"):
+    monkeypatch.setattr(ghost_layers, "_SUMSQ_FORM", sumsq_form)
+    ghosts.append([_run(per_layer, adaptive, x, _Y, mask, micro, "ghost") for x in (_X, bad)])
   # Both forms of the vmap method (clip_chunks._VMAP_FORM): XLA:CPU's and every other platform's.
   for form in ("auto", "inline"):
     monkeypatch.setattr(clip_chunks, "_VMAP_FORM", form)
     vmap = [_run(per_layer, adaptive, x, _Y, mask, micro, "vmap") for x in (_X, bad)]
-    for (g_c, i_c), (g_i, i_i) in zip(vmap, ghost):
+    for (g_c, i_c), (g_i, i_i) in zip(vmap + vmap, ghosts[0] + ghosts[1]):
       for u, v in zip(jax.tree.leaves(g_c), jax.tree.leaves(g_i)):
         assert bool(jnp.all(jnp.isfinite(v))) and bool(jnp.all(jnp.isfinite(u)))
         np.testing.assert_allclose(np.asarray(v), np.asarray(u), rtol=1e-5, atol=1e-6)
@@ -94,8 +102,10 @@ def test_ghost_equals_vmap(monkeypatch, per_layer, adaptive, micro):
       assert int(i_i.num_clipped) == int(i_c.num_clipped)
 
 
+@pytest.mark.parametrize("sumsq_form", ["auto", "scaled"])
 @pytest.mark.parametrize("per_layer", [False, True])
-def test_ghost_nonfinite_is_zero_and_huge_is_clipped(per_layer):
+def test_ghost_nonfinite_is_zero_and_huge_is_clipped(monkeypatch, per_layer, sumsq_form):
+  monkeypatch.setattr(ghost_layers, "_SUMSQ_FORM", sumsq_form)
   _X, _Y, _ = _problem()
   x = jnp.concatenate([_X[:2], jnp.array([[jnp.nan, 0, 0, 0, 0]], jnp.float32)])
   g_bad, info = _run(per_layer, False, x, _Y[:3])
