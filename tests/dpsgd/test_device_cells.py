@@ -58,30 +58,19 @@ def _plan(noise_strategy=None, adaptive=False, **kw):
 
 
 def _run(device, x, y, **plan_kw):
-  private = _plan(**plan_kw)
-  acc = PrivacyAccountant()
-  params = _params()
-  state = private.init(params)
-  sampler = private.sampler(acc, data=(x, y)) if device else private.sampler(acc)
-  assert sampler.device_resident == device
-  sizes, clips = [], []
-  for _ in range(private.steps):
-    clips.append(private.clip_norm(state))
-    batch = sampler.sample()
-    params, state, info = private.step(params, state, batch if device else batch.gather(x, y))
-    sizes.append(int(info.nonprivate_num_examples))
-  clips.append(private.clip_norm(state))
-  return params, sizes, clips, acc.ledger
+  return _run_plan(_plan(**plan_kw), device, x, y, _params())
 
 
 def _run_cell(cell):
   """``_run`` for a cell of the plan product (_plan_cells.py): its plan, data and params."""
-  private = pc.make_plan(cell)
   x, y = pc.data()
+  return _run_plan(pc.make_plan(cell), cell.layout == "device", x, y, pc.initial_params())
+
+
+def _run_plan(private, device, x, y, params):
+  """Every step of ``private`` on (x, y): (params, batch sizes, clip norms, ledger)."""
   acc = PrivacyAccountant()
-  params = pc.initial_params()
   state = private.init(params)
-  device = cell.layout == "device"
   sampler = private.sampler(acc, data=(x, y)) if device else private.sampler(acc)
   assert sampler.device_resident == device
   sizes, clips = [], []
