@@ -12,16 +12,7 @@ from jaxdp import mechanisms
 from jaxdp.prediction import subsample_aggregate as sa
 from jaxdp.dpsgd import clipping
 
-
-class _Jitted:
-  """A clipped-gradient function called through one ``jax.jit`` (its ``sensitivity`` kept)."""
-
-  def __init__(self, fn):
-    self._jitted = jax.jit(fn)
-    self.sensitivity = fn.sensitivity
-
-  def __call__(self, *args, **kwargs):
-    return self._jitted(*args, **kwargs)
+from _jitted_grad import Jitted as _Jitted
 
 
 def test_scalar_query_pair_is_at_sensitivity_distance():

@@ -24,6 +24,8 @@ from jaxdp.training import objective_perturbation as op
 from jaxdp.training import output_perturbation as outp
 from jaxdp.dpsgd import clipping
 
+from _jitted_grad import Jitted as _Jitted
+
 TRIAL_BATCH = 5_000  # one compiled batch shape per test
 
 
@@ -145,19 +147,6 @@ def test_functional_mechanism_audit():
                           batched=True, progress=False)
   print(r)
   assert 0.5 <= r.epsilon_lower_bound <= 4.0 / 6.0 * eps
-
-
-class _Jitted:
-  """A clipped-gradient function called through one ``jax.jit`` (its ``sensitivity`` kept): the
-  audit's eager calls (the canary's gradient, the fixed batch's sum) are one compiled program
-  each instead of one per primitive."""
-
-  def __init__(self, fn):
-    self._jitted = jax.jit(fn)
-    self.sensitivity = fn.sensitivity
-
-  def __call__(self, *args, **kwargs):
-    return self._jitted(*args, **kwargs)
 
 
 def _dpsgd_loss(w, x, y):  # binary logistic loss of one example, y in {-1, 1}
